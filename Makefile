@@ -1,0 +1,35 @@
+# One command to set up and run the demo, one to set up and run the tests.
+# Both create .venv when it is missing.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.torchneuron-installed
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+# torch is installed first and explicitly (the CPU build), so that nothing
+# that depends on it pulls a CUDA build. The C++ glue builds against it
+# (--no-build-isolation).
+$(STAMP): pyproject.toml setup.py $(wildcard csrc/*)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel ninja
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q iree-base-compiler==3.13.0 iree-base-runtime==3.13.0 numpy
+	$(PIP) install -q pytest expecttest hypothesis
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+	touch $(STAMP)
+
+demo: setup
+	$(PY) -m torchneuron.demo
+
+test: setup
+	$(PY) -m pytest tests
+
+bench: setup
+	$(PY) bench/op_latency.py --write docs/benchmarks.md
+
+clean:
+	rm -rf build src/*.egg-info src/torchneuron/*.so

@@ -1,0 +1,119 @@
+// Device memory. On the CPU target (local-task) device memory is host memory,
+// so storages are aligned host allocations that IREE imports with no copy
+// (DLPack); the statistics and the optional limit are exact and per device.
+#include "neuron.h"
+
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+namespace torchneuron {
+namespace {
+
+constexpr size_t kAlignment = 64;  // IREE's llvm-cpu buffers want 64-byte alignment
+constexpr int kMaxDevices = 64;
+
+std::mutex stats_mutex;
+std::array<MemoryStats, kMaxDevices> stats;
+
+struct Allocation {
+  void* ptr;
+  size_t nbytes;
+  c10::DeviceIndex device;
+};
+
+std::string format_bytes(int64_t n) {
+  char buf[64];
+  if (n >= (1 << 20)) snprintf(buf, sizeof(buf), "%.2f MiB", n / 1048576.0);
+  else if (n >= 1024) snprintf(buf, sizeof(buf), "%.2f KiB", n / 1024.0);
+  else snprintf(buf, sizeof(buf), "%lld bytes", static_cast<long long>(n));
+  return buf;
+}
+
+void free_allocation(void* ctx) {
+  auto* a = static_cast<Allocation*>(ctx);
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    auto& s = stats[a->device];
+    s.allocated -= static_cast<int64_t>(a->nbytes);
+    s.num_frees += 1;
+  }
+  std::free(a->ptr);
+  delete a;
+}
+
+struct NeuronAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    check_usable();
+    const c10::DeviceIndex device = current_device();
+    const c10::Device dev(c10::DeviceType::PrivateUse1, device);
+    {
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      auto& s = stats[device];
+      if (s.limit > 0 && s.allocated + static_cast<int64_t>(nbytes) > s.limit) {
+        s.num_ooms += 1;
+        TORCH_CHECK_WITH(OutOfMemoryError, false,
+            "neuron out of memory. Tried to allocate ", format_bytes(nbytes),
+            " on device neuron:", static_cast<int>(device), " with ",
+            format_bytes(s.allocated), " already allocated and a limit of ",
+            format_bytes(s.limit), " (TORCHNEURON_MEMORY_LIMIT_MB / "
+            "torchneuron.set_memory_limit).");
+      }
+      s.allocated += static_cast<int64_t>(nbytes);
+      s.peak = std::max(s.peak, s.allocated);
+      s.num_allocs += 1;
+    }
+    const size_t rounded = ((std::max<size_t>(nbytes, 1) + kAlignment - 1) / kAlignment) * kAlignment;
+    void* ptr = std::aligned_alloc(kAlignment, rounded);
+    if (ptr == nullptr) {
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      auto& s = stats[device];
+      s.allocated -= static_cast<int64_t>(nbytes);
+      s.num_allocs -= 1;
+      s.num_ooms += 1;
+      TORCH_CHECK_WITH(OutOfMemoryError, false,
+          "neuron out of memory. Tried to allocate ", format_bytes(nbytes),
+          " on device neuron:", static_cast<int>(device),
+          ": the host refused the allocation.");
+    }
+    auto* ctx = new Allocation{ptr, nbytes, device};
+    return {ptr, ctx, &free_allocation, dev};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+
+NeuronAllocator allocator_instance;
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &allocator_instance);
+
+} // namespace
+
+c10::Allocator* neuron_allocator() { return &allocator_instance; }
+
+MemoryStats memory_stats(c10::DeviceIndex index) {
+  check_device_index(index);
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  return stats[index];
+}
+
+void reset_peak_memory(c10::DeviceIndex index) {
+  check_device_index(index);
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  stats[index].peak = stats[index].allocated;
+}
+
+void set_memory_limit(c10::DeviceIndex index, int64_t bytes) {
+  check_device_index(index);
+  TORCH_CHECK(bytes >= 0, "memory limit must be >= 0 bytes (0 means no limit)");
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  stats[index].limit = bytes;
+}
+
+} // namespace torchneuron

@@ -1,0 +1,97 @@
+// Python bindings of the device glue: torchneuron._C.
+#include "neuron.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/Generator.h>
+#include <torch/extension.h>
+
+#include <atomic>
+#include <vector>
+
+namespace torchneuron {
+extern std::atomic<uint64_t> supported_dtypes_mask;
+
+namespace {
+
+struct StorageRef {
+  c10::Storage storage;
+};
+
+void release_storage_ref(void* ctx) { delete static_cast<StorageRef*>(ctx); }
+
+// A CPU tensor over the same memory as a neuron tensor (same size, strides and
+// offset). It keeps the neuron storage alive. This is the zero-copy host view
+// that the host fallback computes on and that IREE imports through DLPack.
+at::Tensor host_alias(const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_privateuseone(), "host_alias expects a neuron tensor, got ", t.device());
+  const auto& storage = t.storage();
+  c10::DataPtr data(storage.mutable_data(), new StorageRef{storage}, &release_storage_ref,
+                    c10::Device(c10::DeviceType::CPU));
+  c10::Storage cpu_storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(data),
+                           at::getCPUAllocator(), /*resizable=*/true);
+  auto out = at::empty({0}, t.options().device(at::kCPU));
+  out.set_(cpu_storage, t.storage_offset(), t.sizes(), t.strides());
+  return out;
+}
+
+// New device storage holding a copy of a host tensor; keeps its strides when
+// they are dense, as the CPU kernel produced them.
+at::Tensor device_copy_of(const at::Tensor& host, int index) {
+  auto options = host.options().device(c10::Device(c10::DeviceType::PrivateUse1, index));
+  auto out = host.is_non_overlapping_and_dense()
+      ? at::empty_strided(host.sizes(), host.strides(), options)
+      : at::empty(host.sizes(), options);
+  host_alias(out).copy_(host);
+  return out;
+}
+
+} // namespace
+} // namespace torchneuron
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace torchneuron;
+  m.def("device_count", []() { return static_cast<int>(device_count()); });
+  m.def("set_device_count", [](int n) { set_device_count(static_cast<c10::DeviceIndex>(n)); });
+  m.def("current_device", []() { return static_cast<int>(current_device()); });
+  m.def("set_device", [](int i) { set_current_device(static_cast<c10::DeviceIndex>(i)); });
+  m.def("check_device_index", [](int i) { check_device_index(static_cast<c10::DeviceIndex>(i)); });
+  m.def("mark_bad_fork", &mark_bad_fork);
+  m.def("in_bad_fork", &in_bad_fork);
+  m.def("mark_unusable", &mark_unusable);
+  m.def("memory_stats", [](int i) {
+    auto s = memory_stats(static_cast<c10::DeviceIndex>(i));
+    pybind11::dict d;
+    d["allocated"] = s.allocated;
+    d["peak"] = s.peak;
+    d["num_allocs"] = s.num_allocs;
+    d["num_frees"] = s.num_frees;
+    d["num_ooms"] = s.num_ooms;
+    d["limit"] = s.limit;
+    return d;
+  });
+  m.def("reset_peak_memory", [](int i) { reset_peak_memory(static_cast<c10::DeviceIndex>(i)); });
+  m.def("set_memory_limit", [](int i, int64_t bytes) {
+    set_memory_limit(static_cast<c10::DeviceIndex>(i), bytes);
+  });
+  m.def("set_supported_dtypes", [](const std::vector<at::ScalarType>& dtypes) {
+    uint64_t mask = 0;
+    for (auto d : dtypes) mask |= 1ull << static_cast<int>(d);
+    supported_dtypes_mask.store(mask);
+  });
+  m.def("set_synchronize_callback", [](pybind11::object fn) {
+    if (fn.is_none()) {
+      set_synchronize_callback(nullptr);
+    } else {
+      // Hold the callable for the life of the process: it must outlive the
+      // interpreter's teardown order, so it is never decref'd.
+      auto* held = new pybind11::object(fn);
+      set_synchronize_callback([held](c10::DeviceIndex i) { (*held)(static_cast<int>(i)); });
+    }
+  });
+  m.def("default_generator", [](int i) {
+    return pybind11::reinterpret_steal<pybind11::object>(
+        THPGenerator_initDefaultGenerator(default_generator(static_cast<c10::DeviceIndex>(i))));
+  });
+  m.def("host_alias", &host_alias);
+  m.def("device_copy_of", &device_copy_of);
+}

@@ -1,0 +1,49 @@
+// Shared declarations of the thin C++ device glue (see docs/architecture.md).
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/Allocator.h>
+#include <ATen/core/Generator.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace torchneuron {
+
+// Device count and current device (thread-local), owned by the guard.
+c10::DeviceIndex device_count();
+void set_device_count(c10::DeviceIndex n);
+c10::DeviceIndex current_device();
+void set_current_device(c10::DeviceIndex index);
+void check_device_index(c10::DeviceIndex index);
+
+// A device that cannot be used (forked child, unavailable driver) refuses
+// every allocation and sync with the reason given.
+void mark_unusable(const std::string& reason);
+void mark_bad_fork();
+bool in_bad_fork();
+void check_usable();
+
+// Allocator statistics, per device, exact.
+struct MemoryStats {
+  int64_t allocated = 0;       // bytes in live allocations
+  int64_t peak = 0;            // high-water mark since the last reset
+  int64_t num_allocs = 0;      // allocations made
+  int64_t num_frees = 0;       // allocations freed
+  int64_t num_ooms = 0;        // allocations refused by the limit
+  int64_t limit = 0;           // 0: no limit
+};
+MemoryStats memory_stats(c10::DeviceIndex index);
+void reset_peak_memory(c10::DeviceIndex index);
+void set_memory_limit(c10::DeviceIndex index, int64_t bytes);
+c10::Allocator* neuron_allocator();
+
+// Called (with the GIL taken) by synchronize(); set by the Python runtime.
+void set_synchronize_callback(std::function<void(c10::DeviceIndex)> fn);
+void run_synchronize_callback(c10::DeviceIndex index);
+
+const at::Generator& default_generator(c10::DeviceIndex index);
+at::Generator new_generator(c10::DeviceIndex index);
+
+} // namespace torchneuron

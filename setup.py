@@ -1,0 +1,26 @@
+# Builds the thin C++ device glue (csrc/) against the installed torch.
+# Install with `pip install --no-build-isolation -e .` so it links to that torch.
+import os
+
+# Building must not autoload a previously installed (maybe stale) torchneuron.
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
+from setuptools import setup  # noqa: E402
+from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
+
+setup(
+    ext_modules=[
+        CppExtension(
+            "torchneuron._C",
+            sources=[
+                "csrc/allocator.cpp",
+                "csrc/guard.cpp",
+                "csrc/hooks.cpp",
+                "csrc/kernels.cpp",
+                "csrc/module.cpp",
+            ],
+            extra_compile_args=["-O2", "-std=c++17"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)

@@ -1,0 +1,76 @@
+"""torchneuron: a native PyTorch device, "neuron", for a compile-first accelerator.
+
+`import torch` loads this package through the `torch.backends` entry point, so
+user code only names the device: `x.to("neuron")`. The functions of
+`torch.neuron` are also available here.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import config  # noqa: E402
+from .device import SUPPORTED_DTYPES, register as _register  # noqa: E402
+from .device.module import (  # noqa: E402,F401
+    current_device,
+    current_stream,
+    default_generators,
+    default_stream,
+    device,
+    device_count,
+    empty_cache,
+    get_amp_supported_dtype,
+    get_rng_state,
+    get_rng_state_all,
+    init,
+    initial_seed,
+    is_available,
+    is_initialized,
+    manual_seed,
+    manual_seed_all,
+    max_memory_allocated,
+    memory_allocated,
+    memory_limit,
+    memory_stats,
+    reset_peak_memory_stats,
+    seed,
+    seed_all,
+    set_device,
+    set_memory_limit,
+    set_rng_state,
+    set_rng_state_all,
+    stream,
+    synchronize,
+)
+from .dispatch.entry import FallbackError  # noqa: E402
+from .dispatch import stats as _stats  # noqa: E402
+
+_register()
+
+
+def supported_dtypes() -> tuple:
+    """The dtypes a neuron tensor can have on the current target."""
+    return SUPPORTED_DTYPES
+
+
+def fallback_ops() -> dict:
+    """Ops that ran on the host fallback: {"aten.op.overload": count}."""
+    return dict(_stats.host_fallback)
+
+
+def op_counts() -> dict:
+    """Every op dispatched to neuron: {"aten.op.overload": count}."""
+    return dict(_stats.dispatched)
+
+
+def execution_stats() -> dict:
+    """Totals: ops dispatched, ops on the host fallback, distinct ops."""
+    return _stats.snapshot()
+
+
+def reset_stats() -> None:
+    _stats.reset()
+
+
+def _autoload() -> None:
+    """Entry point run by `import torch`; importing this package registered the device."""

@@ -1,0 +1,149 @@
+"""`torch.neuron`: the device module, with the functions torch.cuda users expect."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _C
+from ..memory import (  # noqa: F401 - re-exported as torch.neuron.*
+    empty_cache,
+    max_memory_allocated,
+    memory_allocated,
+    memory_limit,
+    memory_stats,
+    reset_peak_memory_stats,
+    set_memory_limit,
+)
+from .index import device_index
+from .random import (  # noqa: F401 - re-exported as torch.neuron.*
+    default_generators,
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+from . import hal
+
+Stream = torch.Stream
+Event = torch.Event
+
+_initialized = False
+
+
+def _is_in_bad_fork() -> bool:
+    return _C.in_bad_fork()
+
+
+def _lazy_init() -> None:
+    """Create the HAL devices; raises with the reason if neuron cannot be used."""
+    global _initialized
+    if _initialized:
+        return
+    if _C.in_bad_fork():
+        raise RuntimeError(
+            "Cannot re-initialize neuron in forked subprocess. To use neuron with "
+            "multiprocessing, you must use the 'spawn' start method"
+        )
+    for i in range(_C.device_count()):
+        hal.hal_device(i)
+    _initialized = True
+
+
+def is_initialized() -> bool:
+    return _initialized
+
+
+def init() -> None:
+    _lazy_init()
+
+
+def is_available() -> bool:
+    from .. import config
+
+    return not _C.in_bad_fork() and hal.driver_problem(config.settings.driver) is None
+
+
+def device_count() -> int:
+    return _C.device_count()
+
+
+def current_device() -> int:
+    return _C.current_device()
+
+
+def set_device(device) -> None:
+    _C.set_device(device_index(device))
+
+
+class device:
+    """Context manager that makes `device` the current neuron device."""
+
+    def __init__(self, device):
+        self.idx = -1 if device is None else device_index(device)
+        self.prev_idx = -1
+
+    def __enter__(self):
+        if self.idx >= 0:
+            self.prev_idx = _C.current_device()
+            _C.set_device(self.idx)
+        return self
+
+    def __exit__(self, *exc):
+        if self.idx >= 0:
+            _C.set_device(self.prev_idx)
+        return False
+
+
+class device_of(device):
+    """Context manager that makes the device of tensor `obj` current."""
+
+    def __init__(self, obj):
+        super().__init__(obj.device.index if obj.device.type == "neuron" else None)
+
+
+def synchronize(device=None) -> None:
+    """Wait for all work queued on the device."""
+    torch.accelerator.synchronize(device_index(device))
+
+
+def current_stream(device=None) -> torch.Stream:
+    return torch.accelerator.current_stream(device_index(device))
+
+
+def default_stream(device=None) -> torch.Stream:
+    return torch.Stream(device=torch.device("neuron", device_index(device)), stream_id=0)
+
+
+def set_stream(stream: torch.Stream) -> None:
+    torch.accelerator.set_stream(stream)
+
+
+def stream(stream: torch.Stream | None):
+    """Context manager that makes `stream` current (None: no change)."""
+    import contextlib
+
+    if stream is None:
+        return contextlib.nullcontext()
+    return stream
+
+
+def get_amp_supported_dtype() -> list:
+    return [torch.float16, torch.bfloat16]
+
+
+def get_device_name(device=None) -> str:
+    from .. import config
+
+    return f"neuron (IREE {config.settings.driver})"
+
+
+def get_device_properties(device=None):
+    from .. import config
+
+    index = device_index(device)
+    return {"name": get_device_name(index), "driver": config.settings.driver, "index": index}

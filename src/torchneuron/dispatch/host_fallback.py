@@ -1,0 +1,150 @@
+"""Host fallback: run an op with PyTorch's CPU kernels on zero-copy host
+aliases of the device memory.
+
+On the CPU target device memory is host memory, so a neuron tensor's CPU alias
+(`_C.host_alias`) has the same storage, sizes, strides and offset. In-place and
+`out=` ops therefore write straight into device memory; new results are copied
+into fresh device storage; results that alias an input become neuron views of
+that input.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .. import _C
+from ..device import random as neuron_random
+
+_NEURON = "neuron"
+_rng_lock = threading.Lock()
+
+
+def _to_host(value, aliases: dict):
+    """Neuron tensors (also inside lists) -> CPU aliases; neuron devices -> cpu."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type == _NEURON:
+            alias = _C.host_alias(value)
+            aliases[id(alias)] = (alias, value)
+            return alias
+        return value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_host(v, aliases) for v in value)
+    if isinstance(value, torch.device) and value.type == _NEURON:
+        return torch.device("cpu")
+    return value
+
+
+def _view_of_input(host: torch.Tensor, bases: list):
+    """A neuron view for a result that shares memory with a neuron input."""
+    if host.numel() == 0:
+        return None
+    ptr = host.untyped_storage().data_ptr()
+    for alias, neuron in bases:
+        if alias.untyped_storage().data_ptr() == ptr and alias.dtype == host.dtype:
+            return torch.ops.aten.as_strided.default(
+                neuron, host.shape, host.stride(), host.storage_offset()
+            )
+    return None
+
+
+def _to_device(value, aliases: dict, bases: list, device: torch.device):
+    if isinstance(value, torch.Tensor):
+        original = aliases.get(id(value))
+        if original is not None and original[0] is value:
+            return original[1]  # in-place / out=: the op returned its argument
+        view = _view_of_input(value, bases)
+        return view if view is not None else _C.device_copy_of(value, device.index)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, aliases, bases, device) for v in value)
+    return value
+
+
+def _write_back_metadata(neuron: torch.Tensor, alias: torch.Tensor) -> None:
+    """An out= argument the CPU kernel resized: give the neuron tensor the new shape."""
+    if alias.untyped_storage().data_ptr() != neuron.untyped_storage().data_ptr():
+        # The kernel needed more memory than the argument had: the CPU alias
+        # got a new host buffer. Move its contents into new device storage.
+        fresh = _C.device_copy_of(alias, neuron.device.index)
+        torch.ops.aten.set_.source_Tensor(neuron, fresh)
+    elif (
+        alias.shape != neuron.shape
+        or alias.stride() != neuron.stride()
+        or alias.storage_offset() != neuron.storage_offset()
+    ):
+        torch.ops.aten.set_.source_Storage_storage_offset(
+            neuron, neuron.untyped_storage(), alias.storage_offset(), alias.shape, alias.stride()
+        )
+
+
+def _copy_from(src_host: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False):
+    _C.host_alias(dst).copy_(src_host)
+    return dst
+
+
+def run(op, info, args, kwargs, device: torch.device):
+    """Run `op` on the host. `device` is where new results are placed."""
+    aliases: dict = {}
+    name = info.name
+    if name == "aten._copy_from.default" or name == "aten._copy_from_and_resize.default":
+        src, dst = args[0], args[1]
+        src_host = _C.host_alias(src) if src.device.type == _NEURON else src
+        if name == "aten._copy_from_and_resize.default" and dst.shape != src.shape:
+            dst.resize_(src.shape)
+        if dst.device.type == _NEURON:
+            return _copy_from(src_host, dst)
+        dst.copy_(src_host)
+        return dst
+
+    host_args = _to_host(args, aliases)
+    host_kwargs = {k: _to_host(v, aliases) for k, v in kwargs.items()} if kwargs else {}
+    bases = list(aliases.values())
+
+    if info.seeded:
+        result = _run_seeded(op, host_args, host_kwargs, device)
+    else:
+        result = op(*host_args, **host_kwargs)
+
+    for mutated in info.mutated_args:
+        _sync_mutated(mutated, info, args, kwargs, host_args, host_kwargs)
+    return _to_device(result, aliases, bases, device)
+
+
+def _sync_mutated(arg_name, info, args, kwargs, host_args, host_kwargs):
+    if arg_name in kwargs:
+        neuron, alias = kwargs[arg_name], host_kwargs[arg_name]
+    else:
+        index = info.arg_names.index(arg_name)
+        if index >= len(args):
+            return
+        neuron, alias = args[index], host_args[index]
+    if isinstance(neuron, torch.Tensor) and neuron.device.type == _NEURON:
+        _write_back_metadata(neuron, alias)
+    elif isinstance(neuron, (list, tuple)):
+        for n, a in zip(neuron, alias):
+            if isinstance(n, torch.Tensor) and n.device.type == _NEURON:
+                _write_back_metadata(n, a)
+
+
+def _run_seeded(op, host_args, host_kwargs, device):
+    """Random ops draw from the neuron generator: its state is loaded into the
+    CPU default generator for the call, so seeded runs match CPU exactly."""
+    generator = host_kwargs.get("generator")
+    if generator is None:
+        generator = neuron_random.default_generator(device.index)
+    elif generator.device.type != _NEURON:
+        raise RuntimeError(
+            f"Expected a 'neuron' device type for generator but found '{generator.device.type}'"
+        )
+    if "generator" in host_kwargs:
+        host_kwargs = dict(host_kwargs, generator=None)
+    cpu = torch.default_generator
+    with _rng_lock:
+        saved = cpu.get_state()
+        cpu.set_state(generator.get_state())
+        try:
+            return op(*host_args, **host_kwargs)
+        finally:
+            generator.set_state(cpu.get_state())
+            cpu.set_state(saved)

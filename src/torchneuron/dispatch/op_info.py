@@ -1,0 +1,55 @@
+"""What the dispatch entry point needs to know about an op, read once from its schema."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Ops that legitimately take tensors on more than one device (as on CUDA):
+# copies between devices and indexing with host indices.
+_CROSS_DEVICE_OPS = frozenset(
+    {
+        "aten::copy_",
+        "aten::_copy_from",
+        "aten::_copy_from_and_resize",
+        "aten::_to_copy",
+        "aten::to",
+        "aten::index.Tensor",
+        "aten::index_put",
+        "aten::index_put_",
+        "aten::_index_put_impl_",
+        "aten::set_",
+        "aten::_has_compatible_shallow_copy_type",
+    }
+)
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    name: str  # "aten.add.Tensor"
+    arg_names: tuple  # positional argument names, for error messages
+    mutated_args: tuple  # names of arguments the op writes to (in-place, out=)
+    seeded: bool  # draws random numbers
+    checks_devices: bool  # all tensor arguments must share one device
+
+
+_cache: dict = {}
+
+
+def op_info(op) -> OpInfo:
+    info = _cache.get(op)
+    if info is None:
+        schema = op._schema
+        qualified = schema.name + ("." + schema.overload_name if schema.overload_name else "")
+        info = OpInfo(
+            name=str(op),
+            arg_names=tuple(a.name for a in schema.arguments),
+            mutated_args=tuple(
+                a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write
+            ),
+            seeded=torch.Tag.nondeterministic_seeded in op.tags,
+            checks_devices=schema.name not in _CROSS_DEVICE_OPS and qualified not in _CROSS_DEVICE_OPS,
+        )
+        _cache[op] = info
+    return info

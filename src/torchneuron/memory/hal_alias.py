@@ -1,0 +1,28 @@
+"""Zero-copy aliases between neuron tensors and IREE buffer views (DLPack).
+
+On the CPU target a neuron storage is host memory that IREE imports as a
+device-local, host-visible buffer, so compiled executables read and write
+tensors in place.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.utils.dlpack
+
+from .. import _C
+from ..device.hal import hal_device
+
+
+def to_buffer_view(t: torch.Tensor):
+    """An IREE HalBufferView over a dense neuron tensor's memory (no copy)."""
+    if t.device.type != "neuron":
+        raise ValueError(f"to_buffer_view expects a neuron tensor, got one on {t.device}")
+    if not t.is_contiguous():
+        raise ValueError("to_buffer_view needs a contiguous tensor; call .contiguous() first")
+    return hal_device(t.device.index).from_dlpack_capsule(torch.utils.dlpack.to_dlpack(_C.host_alias(t)))
+
+
+def from_buffer_view(view, device_index: int = 0) -> torch.Tensor:
+    """A CPU tensor over an IREE buffer view's memory (no copy)."""
+    return torch.from_dlpack(hal_device(device_index).create_dlpack_capsule(view, 1, 0))

@@ -1,0 +1,51 @@
+"""Exact allocation statistics per device, kept by the C++ allocator."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from .. import _C
+from ..device.index import device_index
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes held by live neuron tensors on the device."""
+    return _C.memory_stats(device_index(device))["allocated"]
+
+
+def max_memory_allocated(device=None) -> int:
+    """The peak of memory_allocated() since start or the last reset_peak_memory_stats()."""
+    return _C.memory_stats(device_index(device))["peak"]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _C.reset_peak_memory(device_index(device))
+
+
+def memory_stats(device=None) -> "OrderedDict[str, int]":
+    """The allocator's statistics, under the key names torch.cuda.memory_stats() uses."""
+    s = _C.memory_stats(device_index(device))
+    return OrderedDict(
+        [
+            ("allocated_bytes.all.current", s["allocated"]),
+            ("allocated_bytes.all.peak", s["peak"]),
+            ("allocation.all.allocated", s["num_allocs"]),
+            ("allocation.all.freed", s["num_frees"]),
+            ("allocation.all.current", s["num_allocs"] - s["num_frees"]),
+            ("num_ooms", s["num_ooms"]),
+            ("memory_limit_bytes", s["limit"]),
+        ]
+    )
+
+
+def empty_cache() -> None:
+    """Freed memory goes straight back to the device (no caching allocator yet)."""
+
+
+def set_memory_limit(limit_bytes: int, device=None) -> None:
+    """Cap the memory of one device; allocations past it raise torch.OutOfMemoryError. 0: no cap."""
+    _C.set_memory_limit(device_index(device), int(limit_bytes))
+
+
+def memory_limit(device=None) -> int:
+    return _C.memory_stats(device_index(device))["limit"]
