@@ -9,6 +9,16 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+
+def _autoload() -> None:
+    """Entry point run by `import torch`; importing this package registers the device.
+
+    Defined before `import torch` so that importing torchneuron first (which
+    imports torch, which autoloads torchneuron) finds it."""
+
+
+import torch  # noqa: E402,F401
+
 from . import config  # noqa: E402
 from .device import SUPPORTED_DTYPES, register as _register  # noqa: E402
 from .device.module import (  # noqa: E402,F401
@@ -70,7 +80,3 @@ def execution_stats() -> dict:
 
 def reset_stats() -> None:
     _stats.reset()
-
-
-def _autoload() -> None:
-    """Entry point run by `import torch`; importing this package registered the device."""

@@ -33,6 +33,7 @@ Stream = torch.Stream
 Event = torch.Event
 
 _initialized = False
+_PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1
 
 
 def _is_in_bad_fork() -> bool:
@@ -116,7 +117,8 @@ def current_stream(device=None) -> torch.Stream:
 
 
 def default_stream(device=None) -> torch.Stream:
-    return torch.Stream(device=torch.device("neuron", device_index(device)), stream_id=0)
+    # Stream id 0 is each device's default stream (csrc/guard.cpp).
+    return torch.Stream(stream_id=0, device_index=device_index(device), device_type=_PRIVATEUSE1)
 
 
 def set_stream(stream: torch.Stream) -> None:

@@ -87,14 +87,19 @@ _libraries: list = []
 
 
 def _functional_ops_with_composite_kernels() -> list:
-    """Ops that PyTorch would otherwise run on neuron by allocating an empty
-    result and calling their out= variant. Taking them here sees the op the
-    user called (mm, not mm.out), which is what a compiled executable wants,
-    and avoids resizing an empty result."""
+    """Ops that PyTorch would otherwise break up before they reach neuron:
+    structured ops (run as empty result + out= variant) and the _foreach_ ops
+    (run as one op per tensor). Taking them here sees the op the user called
+    (mm, not mm.out; one _foreach_add_ for all parameters), which is what a
+    compiled executable wants, and avoids resizing empty results."""
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
     ops = []
     for name in torch._C._dispatch_get_all_op_names():
-        if name.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(
-            name, "CompositeExplicitAutogradNonFunctional"
+        if not name.startswith("aten::"):
+            continue
+        if has_kernel(name, "CompositeExplicitAutogradNonFunctional") or (
+            # Optimizers' multi-tensor ops: one dispatch for the whole list.
+            name.startswith("aten::_foreach_") and has_kernel(name, "CompositeExplicitAutograd")
         ):
             ops.append(name)
     return ops

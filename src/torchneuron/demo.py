@@ -1,0 +1,57 @@
+"""`make demo`: train a small transformer on neuron and summarize how its ops ran."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import torchneuron
+from torchneuron.models import GPTConfig, train_gpt
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--device", default="neuron")
+    args = parser.parse_args(argv)
+
+    cfg = GPTConfig()
+    print(f"torchneuron {torchneuron.__version__} | torch {torch.__version__} | "
+          f"device {args.device}: {torch.neuron.get_device_name()}")
+    print(f"GPT: {cfg.n_layer} layers, {cfg.n_head} heads, width {cfg.n_embd}, "
+          f"context {cfg.block_size}, vocab {cfg.vocab_size}")
+    torchneuron.reset_stats()
+    times = []
+    last = [time.perf_counter()]
+
+    def on_step(step, loss):
+        now = time.perf_counter()
+        times.append(now - last[0])
+        last[0] = now
+        if step % 5 == 0 or step == args.steps - 1:
+            print(f"step {step:3d}  loss {loss:.4f}  step time {times[-1] * 1000:7.1f} ms")
+
+    losses = train_gpt(args.device, args.steps, cfg=cfg, on_step=on_step)
+    stats = torchneuron.execution_stats()
+    fallback = torchneuron.fallback_ops()
+    steady = statistics.median(times[len(times) // 2:])
+    print()
+    print("=" * 64)
+    print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps")
+    print(f"first step {times[0] * 1000:.1f} ms, steady-state step (median) {steady * 1000:.1f} ms")
+    print(f"ops dispatched to neuron : {stats['ops_dispatched']} ({stats['distinct_ops']} distinct)")
+    print(f"ops on host fallback     : {stats['ops_on_host_fallback']} "
+          f"({stats['distinct_fallback_ops']} distinct)")
+    print(f"memory: {torch.neuron.memory_allocated() / 2**20:.1f} MiB allocated, "
+          f"peak {torch.neuron.max_memory_allocated() / 2**20:.1f} MiB")
+    top = sorted(fallback.items(), key=lambda kv: -kv[1])[:8]
+    print("top host-fallback ops   : " + ", ".join(f"{k} x{v}" for k, v in top))
+    print("=" * 64)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

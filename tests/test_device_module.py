@@ -1,0 +1,96 @@
+"""torch.neuron, torchneuron and torch.accelerator (issue item 3)."""
+
+import pytest
+import torch
+
+import torchneuron
+
+
+def test_device_module_functions():
+    assert torch.neuron.is_available()
+    assert torch.neuron.device_count() == 2
+    assert torch.neuron.current_device() == 0
+    torch.neuron.set_device(1)
+    assert torch.neuron.current_device() == 1
+    assert torch.empty(1, device="neuron").device == torch.device("neuron:1")
+    torch.neuron.set_device("neuron:0")
+    with torch.neuron.device(1):
+        assert torch.neuron.current_device() == 1
+        assert torch.ones(1, device="neuron").device.index == 1
+    assert torch.neuron.current_device() == 0
+    torch.neuron.synchronize()
+    torch.neuron.synchronize(1)
+    assert torch.neuron.get_amp_supported_dtype() == [torch.float16, torch.bfloat16]
+    # The same functions on the package.
+    assert torchneuron.device_count is torch.neuron.device_count or torchneuron.device_count() == 2
+
+
+def test_accelerator_api():
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.current_accelerator() == torch.device("neuron")
+    assert torch.accelerator.device_count() == 2
+    torch.accelerator.set_device_index(1)
+    assert torch.accelerator.current_device_index() == 1
+    torch.accelerator.set_device_index(0)
+    torch.accelerator.synchronize()
+    s = torch.accelerator.current_stream()
+    assert s.device == torch.device("neuron:0")
+
+
+def test_streams_and_events():
+    s = torch.Stream(device="neuron")
+    assert s.device_type == torch._C._autograd.DeviceType.PrivateUse1 or s.device.type == "neuron"
+    with torch.neuron.stream(s):
+        assert torch.neuron.current_stream() == s
+    assert torch.neuron.current_stream() == torch.neuron.default_stream()
+    start = torch.Event(device="neuron", enable_timing=True)
+    end = torch.Event(device="neuron", enable_timing=True)
+    start.record()
+    y = torch.randn(64, 64, device="neuron") @ torch.randn(64, 64, device="neuron")
+    end.record()
+    end.synchronize()
+    assert end.query()
+    assert start.elapsed_time(end) >= 0.0
+    assert y.shape == (64, 64)
+
+
+def test_seeding_matches_cpu():
+    torch.manual_seed(123)
+    a = torch.randn(5, device="neuron")
+    torch.manual_seed(123)
+    b = torch.randn(5)
+    torch.testing.assert_close(a.cpu(), b)
+    torch.neuron.manual_seed(7)
+    assert torch.neuron.initial_seed() == 7
+    state = torch.neuron.get_rng_state()
+    x = torch.rand(3, device="neuron")
+    torch.neuron.set_rng_state(state)
+    y = torch.rand(3, device="neuron")
+    torch.testing.assert_close(x.cpu(), y.cpu())
+    torch.neuron.manual_seed_all(5)
+    states = torch.neuron.get_rng_state_all()
+    assert len(states) == 2 and torch.equal(states[0], states[1])
+    torch.neuron.seed()
+    assert torch.neuron.initial_seed() != 5
+
+
+def test_device_generators():
+    g = torch.Generator(device="neuron")
+    assert g.device == torch.device("neuron:0")
+    g.manual_seed(3)
+    a = torch.randn(4, device="neuron", generator=g)
+    g.manual_seed(3)
+    b = torch.randn(4, device="neuron", generator=g)
+    torch.testing.assert_close(a.cpu(), b.cpu())
+    torch.testing.assert_close(a.cpu(), torch.randn(4, generator=torch.Generator().manual_seed(3)))
+    with pytest.raises(RuntimeError, match="Expected a 'neuron' device type for generator"):
+        torch.randn(4, device="neuron", generator=torch.Generator())
+
+
+def test_dropout_randomness_matches_cpu():
+    x = torch.ones(1000)
+    torch.manual_seed(1)
+    a = torch.nn.functional.dropout(x.neuron(), 0.5)
+    torch.manual_seed(1)
+    b = torch.nn.functional.dropout(x, 0.5)
+    torch.testing.assert_close(a.cpu(), b)

@@ -1,0 +1,74 @@
+"""Storages, exact allocation statistics, the memory limit and zero-copy IREE aliases (item 4)."""
+
+import gc
+
+import pytest
+import torch
+
+import torchneuron
+from torchneuron.memory import from_buffer_view, to_buffer_view
+
+
+def test_real_storage():
+    x = torch.empty(3, 5, device="neuron")
+    assert x.data_ptr() != 0
+    assert x.untyped_storage().nbytes() == 60
+    assert x.data_ptr() % 64 == 0
+    assert x.untyped_storage().device == torch.device("neuron:0")
+
+
+def test_allocation_stats_are_exact():
+    gc.collect()
+    base = torch.neuron.memory_allocated()
+    torch.neuron.reset_peak_memory_stats()
+    a = torch.empty(1000, dtype=torch.float32, device="neuron")
+    assert torch.neuron.memory_allocated() == base + 4000
+    b = torch.empty(10, dtype=torch.int8, device="neuron")
+    assert torch.neuron.memory_allocated() == base + 4010
+    del a
+    assert torch.neuron.memory_allocated() == base + 10
+    assert torch.neuron.max_memory_allocated() == base + 4010
+    torch.neuron.reset_peak_memory_stats()
+    assert torch.neuron.max_memory_allocated() == base + 10
+    stats = torch.neuron.memory_stats()
+    assert stats["allocated_bytes.all.current"] == base + 10
+    del b
+    assert torch.neuron.memory_allocated() == base
+
+
+def test_stats_are_per_device():
+    base0 = torch.neuron.memory_allocated(0)
+    base1 = torch.neuron.memory_allocated("neuron:1")
+    x = torch.empty(256, device="neuron:1")
+    assert torch.neuron.memory_allocated(1) == base1 + 1024
+    assert torch.neuron.memory_allocated(0) == base0
+    del x
+
+
+def test_out_of_memory_names_sizes_and_loses_nothing():
+    keep = torch.arange(10.0, device="neuron")
+    base = torch.neuron.memory_allocated()
+    torchneuron.config.set(memory_limit_mb=1)
+    with pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate 2\.00 MiB.*already allocated"):
+        torch.empty(512 * 1024, device="neuron")
+    assert torch.neuron.memory_stats()["num_ooms"] >= 1
+    # The failed allocation left the counters and existing tensors as they were.
+    assert torch.neuron.memory_allocated() == base
+    torch.testing.assert_close(keep.cpu(), torch.arange(10.0))
+    small = torch.empty(1000, device="neuron")  # under the limit: fine
+    del small
+    torchneuron.config.set(memory_limit_mb=0)
+    big = torch.empty(512 * 1024, device="neuron")
+    assert big.numel() == 512 * 1024
+
+
+def test_hal_buffer_view_aliases_storage():
+    x = torch.arange(12, dtype=torch.float32, device="neuron").reshape(3, 4)
+    view = to_buffer_view(x)
+    assert tuple(view.shape) == (3, 4)
+    host = from_buffer_view(view)
+    assert host.data_ptr() == x.data_ptr()
+    x.add_(1)  # written through torch ...
+    assert host[2, 3].item() == 12.0  # ... seen through IREE's buffer
+    with pytest.raises(ValueError, match="contiguous"):
+        to_buffer_view(x.t())

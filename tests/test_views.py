@@ -1,0 +1,126 @@
+"""Views alias their base, in-place ops through views, out=, resize_, set_,
+version counters (item 7). Every result is compared with the same code on CPU."""
+
+import pytest
+import torch
+
+
+def both(fn, *shape):
+    """Run fn on a CPU tensor and on a neuron copy of it; compare results and bases."""
+    base = torch.arange(float(torch.Size(shape).numel())).reshape(shape)
+    n = base.to("neuron")
+    r_cpu, r_neu = fn(base.clone()), fn(n)
+    return r_cpu, r_neu, n
+
+
+VIEWS = {
+    "view": lambda t: t.view(-1),
+    "reshape": lambda t: t.reshape(4, 6),
+    "transpose": lambda t: t.transpose(0, 1),
+    "permute": lambda t: t.permute(2, 0, 1),
+    "slice": lambda t: t[1:, ::2],
+    "select": lambda t: t[1],
+    "index_view": lambda t: t[..., 1],
+    "expand": lambda t: t[:1].expand(5, 3, 4),
+    "unsqueeze": lambda t: t.unsqueeze(1),
+    "squeeze": lambda t: t[:1].squeeze(0),
+    "unfold": lambda t: t.view(-1).unfold(0, 4, 2),
+    "diagonal": lambda t: t[0].diagonal(),
+    "as_strided": lambda t: t.as_strided((2, 2), (5, 1), 3),
+    "narrow": lambda t: t.narrow(2, 1, 2),
+    "split": lambda t: t.split(1, dim=0)[1],
+    "chunk": lambda t: t.chunk(2, dim=2)[1],
+    "unbind": lambda t: t.unbind(1)[2],
+    "T": lambda t: t[0].T,
+    "mT": lambda t: t.mT,
+    "flatten": lambda t: t.flatten(),
+    "movedim": lambda t: t.movedim(0, 2),
+    "view_dtype": lambda t: t.view(torch.int32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_view_aliases_base_and_writes_through(name):
+    fn = VIEWS[name]
+    r_cpu, r_neu, base = both(fn, 2, 3, 4)
+    assert r_neu._base is not None or r_neu.data_ptr() >= base.data_ptr()
+    assert r_neu.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    assert r_neu.stride() == r_cpu.stride() and r_neu.shape == r_cpu.shape
+    torch.testing.assert_close(r_neu.cpu(), r_cpu)
+    if name == "expand":
+        return  # writing through an expanded view is refused on CPU too
+    cpu_base = torch.arange(24.0).reshape(2, 3, 4)
+    cpu_view = fn(cpu_base)
+    if cpu_view.dtype == torch.int32:
+        cpu_view.fill_(7)
+        r_neu.fill_(7)
+    else:
+        cpu_view.mul_(-1).add_(0.5)
+        r_neu.mul_(-1).add_(0.5)
+    torch.testing.assert_close(base.cpu(), cpu_base)
+
+
+def test_setitem_and_indexing():
+    c = torch.zeros(4, 5)
+    n = c.to("neuron")
+    for t in (c, n):
+        t[1, 2:4] = 3.0
+        t[:, 0] += 1
+        t[t > 2] = -1
+        t[torch.tensor([0, 3])] = 9.0
+    torch.testing.assert_close(n.cpu(), c)
+    idx = torch.tensor([3, 0, 0])
+    torch.testing.assert_close(n[idx].cpu(), c[idx])  # advanced indexing copies
+    torch.testing.assert_close(n[idx.to("neuron")].cpu(), c[idx])
+
+
+def test_out_variants():
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    out = torch.empty(3, 4, device="neuron")
+    r = torch.add(a.neuron(), b.neuron(), out=out)
+    assert r is out
+    torch.testing.assert_close(out.cpu(), a + b)
+    # out= with the wrong size is resized, as on CPU.
+    out2 = torch.empty(0, device="neuron")
+    torch.mm(a.neuron(), b.t().neuron(), out=out2)
+    assert out2.shape == (3, 3)
+    torch.testing.assert_close(out2.cpu(), a @ b.t())
+    # out= into a view of a bigger tensor writes into the base.
+    big = torch.zeros(2, 3, 4, device="neuron")
+    torch.mul(a.neuron(), 2, out=big[1])
+    torch.testing.assert_close(big[1].cpu(), a * 2)
+    assert big[0].abs().sum().item() == 0
+
+
+def test_resize_and_set():
+    n = torch.arange(6.0, device="neuron")
+    n.resize_(2, 3)
+    assert n.shape == (2, 3)
+    torch.testing.assert_close(n.cpu(), torch.arange(6.0).reshape(2, 3))
+    n.resize_(4, 4)  # grows the storage, keeps the data
+    assert n.untyped_storage().nbytes() >= 64
+    torch.testing.assert_close(n.view(-1)[:6].cpu(), torch.arange(6.0))
+    src = torch.arange(10.0, device="neuron")
+    t = torch.empty(0, device="neuron")
+    t.set_(src)
+    assert t.data_ptr() == src.data_ptr()
+    t.set_(src.untyped_storage(), 2, (2, 2), (4, 1))
+    torch.testing.assert_close(t.cpu(), torch.tensor([[2.0, 3.0], [6.0, 7.0]]))
+    t.add_(100)
+    assert src[2].item() == 102.0
+
+
+def test_version_counter_detects_bad_inplace_like_cpu():
+    for device in ("cpu", "neuron"):
+        a = torch.randn(3, requires_grad=True, device=device)
+        b = a.sigmoid()
+        c = b * 2
+        v = b._version
+        b.mul_(2)  # sigmoid's backward needs b
+        assert b._version == v + 1
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            c.sum().backward()
+        x = torch.zeros(4, device=device)
+        view = x[1:3]
+        view.add_(1)
+        assert x._version == view._version == 1
