@@ -108,7 +108,19 @@ at::Tensor& set_source_storage_offset(at::Tensor& self, at::Storage source, int6
   return at::cpu::set_(self, std::move(source), offset, size, stride);
 }
 
+// Module.to() keeps Parameter identity (and so tied weights) only when a CPU
+// tensor and its device copy count as shallow-copy compatible, which PyTorch
+// grants to its built-in dense backends only.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == at::kStrided && !t.is_sparse() && (t.is_cpu() || t.device().is_privateuseone());
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+      (dense(self) && dense(from));
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
   m.impl("as_strided", as_strided);

@@ -39,6 +39,19 @@ def test_module_to_neuron_moves_parameters_and_buffers():
     assert m2.weight.device == torch.device("neuron:1")
 
 
+def test_module_to_keeps_parameter_identity_and_tied_weights():
+    emb = torch.nn.Embedding(5, 3)
+    head = torch.nn.Linear(3, 5, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.Sequential(emb, head)
+    param = emb.weight
+    model.to("neuron")
+    assert emb.weight is param and head.weight is emb.weight
+    assert param.device.type == "neuron"
+    model.to("cpu")
+    assert emb.weight is param and param.device.type == "cpu"
+
+
 def test_storage_methods_generated():
     s = torch.ones(3).untyped_storage()
     assert s.neuron().device.type == "neuron"

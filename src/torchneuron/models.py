@@ -106,15 +106,22 @@ def char_dataset(text: str, block_size: int, batch: int, steps: int, seed: int =
 
 
 def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = None, batch: int = 8,
-              optimizer: str = "adamw", on_step=None) -> list:
-    """Train a fresh GPT for `steps` steps on `device`; returns the losses."""
+              optimizer: str = "adamw", on_step=None, foreach: bool | None = None) -> list:
+    """Train a fresh GPT for `steps` steps on `device`; returns the losses.
+
+    `foreach` picks the optimizer and clipping implementation (None: PyTorch's
+    choice for the device, which is the multi-tensor one on neuron and the
+    per-tensor one on CPU)."""
     cfg = cfg or GPTConfig()
     torch.manual_seed(seed)
     model = GPT(cfg).to(device)
+    # Reseed after init: the CPU and neuron generators then start training from
+    # the same state, so dropout masks (and losses) match across devices.
+    torch.manual_seed(seed + 1)
     if optimizer == "adamw":
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, foreach=foreach)
     else:
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=foreach)
     losses = []
     text = SAMPLE_TEXT * 4
     for step, (x, y) in enumerate(char_dataset(text, cfg.block_size, batch, steps, seed)):
@@ -122,7 +129,7 @@ def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = No
         _, loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=foreach)
         opt.step()
         losses.append(loss.item())
         if on_step is not None:

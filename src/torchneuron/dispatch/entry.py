@@ -86,23 +86,35 @@ def _run_on_host(op, info, args, kwargs, device):
 _libraries: list = []
 
 
-def _functional_ops_with_composite_kernels() -> list:
-    """Ops that PyTorch would otherwise break up before they reach neuron:
-    structured ops (run as empty result + out= variant) and the _foreach_ ops
-    (run as one op per tensor). Taking them here sees the op the user called
-    (mm, not mm.out; one _foreach_add_ for all parameters), which is what a
-    compiled executable wants, and avoids resizing empty results."""
+def _ops_taken_whole() -> list:
+    """Ops that PyTorch would otherwise break up before they reach neuron.
+
+    A backend without its own kernel for an op gets PyTorch's generic
+    decomposition: structured ops run as an empty result plus their out=
+    variant, ops with a generic CompositeExplicitAutograd kernel (layer_norm,
+    ...) run as several smaller ops, _foreach_ ops run one tensor at a time.
+    Taking them here sees the op the user called, which is what a compiled
+    executable wants, and gives CPU's exact numerics on the host fallback.
+    Views stay with PyTorch's composite kernels (metadata only, via as_strided).
+    """
     has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
     ops = []
     for name in torch._C._dispatch_get_all_op_names():
-        if not name.startswith("aten::"):
+        if not name.startswith("aten::") or has_kernel(name, "PrivateUse1"):
             continue
-        if has_kernel(name, "CompositeExplicitAutogradNonFunctional") or (
-            # Optimizers' multi-tensor ops: one dispatch for the whole list.
-            name.startswith("aten::_foreach_") and has_kernel(name, "CompositeExplicitAutograd")
+        if has_kernel(name, "CompositeExplicitAutogradNonFunctional"):
+            ops.append(name)
+        elif has_kernel(name, "CompositeExplicitAutograd") and (
+            name.startswith("aten::_foreach_") or (has_kernel(name, "CPU") and not _returns_view(name))
         ):
             ops.append(name)
     return ops
+
+
+def _returns_view(qualified: str) -> bool:
+    name, _, overload = qualified[len("aten::"):].partition(".")
+    schema = getattr(getattr(torch.ops.aten, name), overload or "default")._schema
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
 
 
 def install() -> None:
@@ -112,7 +124,7 @@ def install() -> None:
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(dispatch, dispatch_key="PrivateUse1")
     aten = torch.library.Library("aten", "IMPL")
-    for qualified in _functional_ops_with_composite_kernels():
+    for qualified in _ops_taken_whole():
         name, _, overload = qualified[len("aten::"):].partition(".")
         op = getattr(getattr(torch.ops.aten, name), overload or "default")
         aten.impl(qualified[len("aten::"):], functools.partial(dispatch, op), "PrivateUse1")

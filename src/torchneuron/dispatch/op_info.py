@@ -20,7 +20,6 @@ _CROSS_DEVICE_OPS = frozenset(
         "aten::index_put_",
         "aten::_index_put_impl_",
         "aten::set_",
-        "aten::_has_compatible_shallow_copy_type",
     }
 )
 

@@ -1,0 +1,96 @@
+"""The one dispatch entry point and the recorded host fallback (item 8)."""
+
+import pytest
+import torch
+
+import torchneuron
+
+
+def test_ops_are_recorded_by_name():
+    torchneuron.reset_stats()
+    a = torch.randn(3, 3, device="neuron")
+    b = (a @ a).relu()
+    b.sum().item()
+    ops = torchneuron.fallback_ops()
+    assert ops["aten.mm.default"] == 1
+    assert ops["aten.relu.default"] == 1
+    assert ops["aten.sum.dim_IntList"] == 1
+    assert ops["aten._local_scalar_dense.default"] == 1
+    assert torchneuron.op_counts()["aten.mm.default"] == 1
+    stats = torchneuron.execution_stats()
+    assert stats["ops_dispatched"] == sum(torchneuron.op_counts().values())
+    assert stats["ops_on_host_fallback"] == sum(ops.values())
+
+
+def test_metadata_ops_do_not_reach_the_entry_point():
+    a = torch.randn(4, 4, device="neuron")
+    torchneuron.reset_stats()
+    a.view(16)[3:].unsqueeze(0).expand(2, 13)
+    a.t()[1:, 2].narrow(0, 1, 2)
+    assert torchneuron.op_counts() == {}
+
+
+def test_functional_ops_arrive_whole():
+    """Structured ops reach the entry point as called, not as empty + out=."""
+    torchneuron.reset_stats()
+    a = torch.randn(3, 3, device="neuron")
+    torch.addmm(a, a, a)
+    torch.nn.functional.gelu(a)
+    ops = torchneuron.op_counts()
+    assert "aten.addmm.default" in ops and "aten.gelu.default" in ops
+    assert not any(name.endswith(".out") for name in ops)
+
+
+def test_foreach_ops_arrive_as_one_op():
+    params = [torch.randn(3, device="neuron") for _ in range(5)]
+    torchneuron.reset_stats()
+    torch._foreach_add_(params, 1.0)
+    assert torchneuron.op_counts() == {"aten._foreach_add_.Scalar": 1}
+
+
+def test_fallback_policy_error():
+    a = torch.randn(3, device="neuron")
+    torchneuron.config.set(fallback="error")
+    with pytest.raises(torchneuron.FallbackError, match=r"aten\.exp\.default would run on the host fallback"):
+        a.exp()
+    torchneuron.config.set(fallback="allow")
+    torch.testing.assert_close(a.exp().cpu(), a.cpu().exp())
+
+
+def test_fallback_policy_warn_once_per_op():
+    a = torch.randn(3, device="neuron")
+    torchneuron.config.set(fallback="warn")
+    with pytest.warns(UserWarning, match="aten.sin.default runs on the host fallback"):
+        a.sin()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        a.sin()  # second time: no warning
+
+
+def test_bad_setting_is_refused():
+    with pytest.raises(ValueError, match="fallback must be one of"):
+        torchneuron.config.set(fallback="sometimes")
+    with pytest.raises(AttributeError, match="unknown torchneuron setting"):
+        torchneuron.config.set(no_such_thing=1)
+
+
+def test_results_match_cpu_for_common_ops():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    w = torch.randn(8, 8)
+    cases = [
+        lambda t, w: torch.softmax(t @ w, -1),
+        lambda t, w: torch.nn.functional.layer_norm(t, (8,)),
+        lambda t, w: torch.cat([t, t * 2], 0).sum(0),
+        lambda t, w: torch.where(t > 0, t, w[:4]),
+        lambda t, w: t.argmax(-1),
+        lambda t, w: torch.topk(t, 3).values,
+        lambda t, w: torch.cumsum(t, 1),
+        lambda t, w: t.sort(dim=1).indices,
+        lambda t, w: torch.nn.functional.scaled_dot_product_attention(t[None], t[None], t[None]),
+        lambda t, w: torch.nn.functional.embedding(torch.tensor([1, 3], device=t.device), w),
+    ]
+    for fn in cases:
+        torch.testing.assert_close(fn(x.neuron(), w.neuron()).cpu(), fn(x, w))
