@@ -30,6 +30,7 @@ test: setup
 
 bench: setup
 	$(PY) bench/op_latency.py --write docs/benchmarks.md
+	$(PY) bench/train_step.py --write docs/benchmarks.md
 
 clean:
 	rm -rf build src/*.egg-info src/torchneuron/*.so

@@ -56,3 +56,16 @@ def test_storage_methods_generated():
     s = torch.ones(3).untyped_storage()
     assert s.neuron().device.type == "neuron"
     assert torch.ones(3, device="neuron").untyped_storage().is_neuron
+
+
+def test_cli_info_reports_devices():
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-m", "torchneuron.cli", "info", "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["available"] is True
+    assert info["driver"] == "local-task" and "local-task" in info["available_drivers"]
+    assert "bfloat16" in info["dtypes"]

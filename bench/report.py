@@ -1,0 +1,60 @@
+"""Shared helpers for benchmarks: interleaved timing and writing a section of
+docs/benchmarks.md (each benchmark owns one section, marked by its name)."""
+
+from __future__ import annotations
+
+import platform
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def time_interleaved(cases: dict, repeats: int, inner: int, warmup: int = 3) -> dict:
+    """Median seconds per call of each case, timing the cases in turn so that
+    machine noise hits them alike. Each case is a zero-argument callable that
+    returns something to synchronize on (or None)."""
+    for fn in cases.values():
+        for _ in range(warmup):
+            _sync(fn())
+    samples = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            start = time.perf_counter()
+            for _ in range(inner):
+                out = fn()
+            _sync(out)
+            samples[name].append((time.perf_counter() - start) / inner)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def _sync(out) -> None:
+    if isinstance(out, torch.Tensor) and out.device.type == "neuron":
+        torch.neuron.synchronize(out.device.index)
+
+
+def machine() -> str:
+    return (
+        f"{platform.machine()}, {torch.get_num_threads()} threads, Python {platform.python_version()}, "
+        f"torch {torch.__version__}"
+    )
+
+
+def write_section(path: str, name: str, body: str) -> None:
+    """Replace (or append) the section between <!-- bench:name --> markers."""
+    p = Path(path)
+    text = p.read_text() if p.exists() else "# Benchmarks\n\nFigures are medians of interleaved runs on a shared, noisy machine: read the ratios.\n"
+    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    if begin in text:
+        text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    p.write_text(text)
+
+
+def command_line() -> str:
+    return "python " + " ".join(sys.argv)
