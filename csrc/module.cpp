@@ -34,6 +34,23 @@ at::Tensor host_alias(const at::Tensor& t) {
   return out;
 }
 
+// A 1-D uint8 CPU tensor over `nbytes` bytes of a tensor's storage, starting
+// `byte_offset` bytes in; it keeps the storage alive. IREE imports it (through
+// the buffer protocol) as a device buffer with no copy.
+at::Tensor host_bytes(const at::Tensor& t, int64_t byte_offset, int64_t nbytes) {
+  const auto& storage = t.storage();
+  TORCH_CHECK(byte_offset >= 0 && nbytes >= 0 &&
+              byte_offset + nbytes <= static_cast<int64_t>(storage.nbytes()),
+              "host_bytes: range outside the storage");
+  c10::DataPtr data(storage.mutable_data(), new StorageRef{storage}, &release_storage_ref,
+                    c10::Device(c10::DeviceType::CPU));
+  c10::Storage cpu_storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(data),
+                           nullptr, /*resizable=*/false);
+  auto out = at::empty({0}, at::TensorOptions().dtype(at::kByte));
+  out.set_(cpu_storage, byte_offset, {nbytes}, {1});
+  return out;
+}
+
 // New device storage holding a copy of a host tensor; keeps its strides when
 // they are dense, as the CPU kernel produced them.
 at::Tensor device_copy_of(const at::Tensor& host, int index) {
@@ -94,4 +111,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("host_alias", &host_alias);
   m.def("device_copy_of", &device_copy_of);
+  m.def("host_bytes", &host_bytes);
 }

@@ -14,7 +14,13 @@ def _fresh_settings():
     """Each test starts with the default fallback policy and no memory limit."""
     saved = torchneuron.config.as_dict()
     yield
-    torchneuron.config.set(fallback=saved["fallback"], memory_limit_mb=saved["memory_limit_mb"])
+    torch.neuron.synchronize()
+    torchneuron.config.set(
+        fallback=saved["fallback"],
+        memory_limit_mb=saved["memory_limit_mb"],
+        execution=saved["execution"],
+        launch_blocking=saved["launch_blocking"],
+    )
     torch.neuron.set_device(0)
 
 

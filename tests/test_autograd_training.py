@@ -104,15 +104,24 @@ def test_buffers_no_grad_inference_mode():
     assert z.is_inference() and not z.requires_grad
 
 
-def test_gpt_training_matches_cpu_step_by_step():
+@pytest.mark.parametrize("execution,tolerance", [("host", 1e-5), ("compile", 1e-4)])
+def test_gpt_training_matches_cpu_step_by_step(execution, tolerance):
+    """On the host fallback the kernels are CPU's own (1e-5); compiled, they are
+    IREE's, whose rounding differs slightly (1e-4)."""
+    import torchneuron
+
     cfg = GPTConfig(dropout=0.0)
     # Neuron runs PyTorch's default choice for it (multi-tensor optimizer and
     # clipping); CPU runs the same implementation, so results are comparable.
     cpu = train_gpt("cpu", 20, seed=0, cfg=cfg, foreach=True)
-    neuron = train_gpt("neuron", 20, seed=0, cfg=cfg)
+    torchneuron.config.set(execution=execution)
+    try:
+        neuron = train_gpt("neuron", 20, seed=0, cfg=cfg)
+    finally:
+        torchneuron.config.set(execution="compile")
     assert len(neuron) == 20
     for step, (a, b) in enumerate(zip(neuron, cpu)):
-        assert abs(a - b) <= 1e-5, f"step {step}: neuron {a} vs cpu {b}"
+        assert abs(a - b) <= tolerance, f"step {step}: neuron {a} vs cpu {b}"
     assert cpu[-1] < cpu[0] - 0.5  # it trains
 
 
@@ -124,6 +133,6 @@ def test_gpt_training_with_dropout_tracks_cpu():
     cfg = GPTConfig(dropout=0.1)
     cpu = train_gpt("cpu", 20, seed=0, cfg=cfg, foreach=True)
     neuron = train_gpt("neuron", 20, seed=0, cfg=cfg)
-    assert neuron[0] == cpu[0]
+    assert abs(neuron[0] - cpu[0]) <= 1e-5
     for step, (a, b) in enumerate(zip(neuron, cpu)):
         assert abs(a - b) <= 1e-3, f"step {step}: neuron {a} vs cpu {b}"

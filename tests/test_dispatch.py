@@ -6,20 +6,28 @@ import torch
 import torchneuron
 
 
-def test_ops_are_recorded_by_name():
-    torchneuron.reset_stats()
+@pytest.mark.parametrize("execution", ["host", "compile"])
+def test_ops_are_recorded_by_name(execution):
+    torchneuron.config.set(execution=execution)
     a = torch.randn(3, 3, device="neuron")
+    torchneuron.reset_stats()
     b = (a @ a).relu()
     b.sum().item()
-    ops = torchneuron.fallback_ops()
-    assert ops["aten.mm.default"] == 1
-    assert ops["aten.relu.default"] == 1
-    assert ops["aten.sum.dim_IntList"] == 1
-    assert ops["aten._local_scalar_dense.default"] == 1
-    assert torchneuron.op_counts()["aten.mm.default"] == 1
+    counts = torchneuron.op_counts()
+    assert counts["aten.mm.default"] == 1
+    assert counts["aten.relu.default"] == 1
+    assert counts["aten.sum.default"] == 1
+    assert counts["aten._local_scalar_dense.default"] == 1
     stats = torchneuron.execution_stats()
-    assert stats["ops_dispatched"] == sum(torchneuron.op_counts().values())
-    assert stats["ops_on_host_fallback"] == sum(ops.values())
+    assert stats["ops_dispatched"] == sum(counts.values())
+    assert stats["ops_on_host_fallback"] == sum(torchneuron.fallback_ops().values())
+    if execution == "host":
+        assert torchneuron.fallback_ops()["aten.mm.default"] == 1
+        assert stats["ops_compiled"] == 0
+    else:
+        assert "aten.mm.default" not in torchneuron.fallback_ops()
+        assert stats["ops_compiled"] == 3  # mm, relu, sum: the read is a transfer
+        assert stats["transfers"] == 1
 
 
 def test_metadata_ops_do_not_reach_the_entry_point():
@@ -50,7 +58,7 @@ def test_foreach_ops_arrive_as_one_op():
 
 def test_fallback_policy_error():
     a = torch.randn(3, device="neuron")
-    torchneuron.config.set(fallback="error")
+    torchneuron.config.set(execution="host", fallback="error")
     with pytest.raises(torchneuron.FallbackError, match=r"aten\.exp\.default would run on the host fallback"):
         a.exp()
     torchneuron.config.set(fallback="allow")
@@ -59,7 +67,7 @@ def test_fallback_policy_error():
 
 def test_fallback_policy_warn_once_per_op():
     a = torch.randn(3, device="neuron")
-    torchneuron.config.set(fallback="warn")
+    torchneuron.config.set(execution="host", fallback="warn")
     with pytest.warns(UserWarning, match="aten.sin.default runs on the host fallback"):
         a.sin()
     import warnings

@@ -68,7 +68,8 @@ def test_hal_buffer_view_aliases_storage():
     assert tuple(view.shape) == (3, 4)
     host = from_buffer_view(view)
     assert host.data_ptr() == x.data_ptr()
-    x.add_(1)  # written through torch ...
+    x.add_(1)  # written through torch (asynchronously) ...
+    torch.neuron.synchronize()
     assert host[2, 3].item() == 12.0  # ... seen through IREE's buffer
     with pytest.raises(ValueError, match="contiguous"):
         to_buffer_view(x.t())

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 FALLBACK_POLICIES = ("allow", "warn", "error")
+EXECUTION_MODES = ("compile", "host")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -44,6 +45,20 @@ class Settings:
     )
     # Per-device memory limit in MiB; 0 means no limit.
     memory_limit_mb: int = field(default_factory=lambda: _env_int("TORCHNEURON_MEMORY_LIMIT_MB", 0))
+    # How eager ops run: "compile" (each op a cached IREE executable, host
+    # fallback where the compiler says no) or "host" (every op on the host).
+    execution: str = field(
+        default_factory=lambda: _env_choice("TORCHNEURON_EXECUTION", "compile", EXECUTION_MODES)
+    )
+    # Make every launch synchronous, so errors surface at the op that caused them.
+    launch_blocking: bool = field(default_factory=lambda: _env_int("TORCHNEURON_LAUNCH_BLOCKING", 0) != 0)
+    # Launches queued on a device before the host waits for the oldest.
+    max_in_flight: int = field(default_factory=lambda: _env_int("TORCHNEURON_MAX_IN_FLIGHT", 64))
+    # Compile workers (0: one per core).
+    compile_workers: int = field(default_factory=lambda: _env_int("TORCHNEURON_COMPILE_WORKERS", 0))
+    # In-memory executable cache bounds.
+    cache_max_entries: int = field(default_factory=lambda: _env_int("TORCHNEURON_CACHE_MAX_ENTRIES", 4096))
+    cache_max_mb: int = field(default_factory=lambda: _env_int("TORCHNEURON_CACHE_MAX_MB", 1024))
 
 
 settings = Settings()
@@ -62,6 +77,8 @@ def set(**changes) -> None:  # noqa: A001 - the natural name for a settings API
             raise AttributeError(f"unknown torchneuron setting {name!r}; known: {', '.join(sorted(names))}")
         if name == "fallback" and value not in FALLBACK_POLICIES:
             raise ValueError(f"fallback must be one of {', '.join(FALLBACK_POLICIES)}, got {value!r}")
+        if name == "execution" and value not in EXECUTION_MODES:
+            raise ValueError(f"execution must be one of {', '.join(EXECUTION_MODES)}, got {value!r}")
         setattr(settings, name, value)
         for fn in _listeners:
             fn(name, value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 
 import torch
@@ -48,6 +49,18 @@ def _apply_setting(name, value) -> None:
         _C.mark_unusable(hal.driver_problem(value) or "")
 
 
+def _shutdown() -> None:
+    # IREE objects must go before the interpreter tears its modules down.
+    from .. import runtime
+    from ..cache import executable_cache
+    from ..dispatch import eager
+
+    runtime.queue.shutdown()
+    eager.reset()
+    executable_cache().clear()
+    hal.release_devices()
+
+
 def register() -> None:
     """Make "neuron" a PyTorch device. Idempotent; run by `import torch` (autoload)."""
     global _registered
@@ -62,7 +75,11 @@ def register() -> None:
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
+    from .. import runtime
+
     entry.install()
+    _C.set_synchronize_callback(runtime.synchronize)
+    atexit.register(_shutdown)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     for name in ("memory_limit_mb", "driver"):
         _apply_setting(name, getattr(config.settings, name))

@@ -52,3 +52,8 @@ def hal_device(index: int):
 def created_devices() -> dict:
     with _lock:
         return dict(_devices)
+
+
+def release_devices() -> None:
+    with _lock:
+        _devices.clear()

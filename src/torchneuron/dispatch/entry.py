@@ -14,7 +14,9 @@ import warnings
 import torch
 
 from .. import _C, config
-from . import host_fallback, stats
+from .. import runtime
+from ..lowering import NotCompilable
+from . import eager, host_fallback, stats
 from .op_info import op_info
 
 _NEURON = "neuron"
@@ -62,24 +64,86 @@ def _named_tensors(args, kwargs, info):
             yield name, value
 
 
+# Ops that read or move data between host and device: never compiled, not "fallback".
+_TRANSFERS = frozenset(
+    {"aten._local_scalar_dense.default", "aten._copy_from.default", "aten._copy_from_and_resize.default"}
+)
+
+
 def dispatch(op, *args, **kwargs):
     info = op_info(op)
     stats.record(stats.dispatched, info.name)
     device = _device_of(args, kwargs, info)
-    return _run_on_host(op, info, args, kwargs, device)
+    if info.name in _TRANSFERS or (info.name in _COPIES and _crosses_devices(args, kwargs, device)):
+        return _transfer(op, info, args, kwargs, device)
+    if config.settings.execution == "compile" and not info.seeded:
+        try:
+            return eager.run(op, info, args, kwargs, device)
+        except NotCompilable as e:
+            reason = str(e)
+            stats.fallback_reasons.setdefault(info.name, reason)
+            if info.composite_only:
+                # No CPU kernel: PyTorch's generic kernel (in the CPU slot)
+                # breaks the op into smaller neuron ops instead.
+                stats.record(stats.decomposed, info.name)
+                return op.redispatch(_COMPOSITE_SLOT, *args, **kwargs)
+    else:
+        reason = "random ops use the CPU-compatible generator" if info.seeded else "execution=host"
+    return _run_on_host(op, info, args, kwargs, device, reason)
 
 
-def _run_on_host(op, info, args, kwargs, device):
+def _transfer(op, info, args, kwargs, device):
+    if info.name == "aten._to_copy.default":
+        # To another device: PyTorch's kernel allocates there and copies (back here).
+        return op.redispatch(_COMPOSITE_SLOT, *args, **kwargs)
+    if info.name == "aten._copy_from.default":
+        src, dst = args[0], args[1]
+        if (
+            config.settings.execution == "compile"
+            and src.device == dst.device
+            and src.dtype == dst.dtype
+        ):
+            # A copy within one device (clone, contiguous, cat of views...) is device work.
+            try:
+                eager.run(_COPY, op_info(_COPY), (dst, src), {}, device)
+                return dst
+            except NotCompilable:
+                pass
+    runtime.synchronize_all()
+    stats.record(stats.transfers, info.name)
+    return host_fallback.run(op, info, args, kwargs, device)
+
+
+_COPY = torch.ops.aten.copy_.default
+# Copies that may name the host as source, destination or target device.
+_COPIES = frozenset({"aten.copy_.default", "aten._to_copy.default", "aten.copy.default"})
+
+
+def _crosses_devices(args, kwargs, device) -> bool:
+    """A copy from or to another device (host or another neuron device)."""
+    for value in args:
+        if isinstance(value, torch.Tensor) and value.device != device:
+            return True
+    target = kwargs.get("device")
+    if target is None:
+        return False
+    target = torch.device(target)
+    return target.type != _NEURON or (target.index is not None and target.index != device.index)
+_COMPOSITE_SLOT = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+def _run_on_host(op, info, args, kwargs, device, reason):
     policy = config.settings.fallback
     if policy == "error":
         raise FallbackError(
-            f"{info.name} would run on the host fallback, and TORCHNEURON_FALLBACK=error "
+            f"{info.name} would run on the host fallback ({reason}), and TORCHNEURON_FALLBACK=error "
             "forbids it (set TORCHNEURON_FALLBACK=allow or warn to permit it)."
         )
     if policy == "warn" and info.name not in _warned:
         _warned.add(info.name)
-        warnings.warn(f"torchneuron: {info.name} runs on the host fallback", stacklevel=3)
+        warnings.warn(f"torchneuron: {info.name} runs on the host fallback: {reason}", stacklevel=3)
     stats.record(stats.host_fallback, info.name)
+    runtime.synchronize_all()
     return host_fallback.run(op, info, args, kwargs, device)
 
 
@@ -92,10 +156,12 @@ def _ops_taken_whole() -> list:
     A backend without its own kernel for an op gets PyTorch's generic
     decomposition: structured ops run as an empty result plus their out=
     variant, ops with a generic CompositeExplicitAutograd kernel (layer_norm,
-    ...) run as several smaller ops, _foreach_ ops run one tensor at a time.
-    Taking them here sees the op the user called, which is what a compiled
-    executable wants, and gives CPU's exact numerics on the host fallback.
-    Views stay with PyTorch's composite kernels (metadata only, via as_strided).
+    factories, clone) run as several smaller ops, _foreach_ ops run one tensor
+    at a time. Taking them here sees the op the user called, which is what a
+    compiled executable wants, and gives CPU's exact numerics on the host
+    fallback. Views keep PyTorch's composite kernels (metadata only, via
+    as_strided), and so do allocations (empty*) and random ops (whose
+    composites end in an in-place random op that reaches us anyway).
     """
     has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
     ops = []
@@ -103,18 +169,30 @@ def _ops_taken_whole() -> list:
         if not name.startswith("aten::") or has_kernel(name, "PrivateUse1"):
             continue
         if has_kernel(name, "CompositeExplicitAutogradNonFunctional"):
-            ops.append(name)
-        elif has_kernel(name, "CompositeExplicitAutograd") and (
-            name.startswith("aten::_foreach_") or (has_kernel(name, "CPU") and not _returns_view(name))
-        ):
-            ops.append(name)
+            if "empty" not in name:
+                ops.append(name)
+        elif has_kernel(name, "CompositeExplicitAutograd"):
+            op = _overload(name)
+            if (
+                "empty" not in name
+                and not _returns_view(op)
+                and torch.Tag.nondeterministic_seeded not in op.tags
+                and (
+                    any(str(r.type) in ("Tensor", "List[Tensor]") for r in op._schema.returns)
+                    or any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+                )
+            ):
+                ops.append(name)
     return ops
 
 
-def _returns_view(qualified: str) -> bool:
+def _overload(qualified: str):
     name, _, overload = qualified[len("aten::"):].partition(".")
-    schema = getattr(getattr(torch.ops.aten, name), overload or "default")._schema
-    return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+    return getattr(getattr(torch.ops.aten, name), overload or "default")
+
+
+def _returns_view(op) -> bool:
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns)
 
 
 def install() -> None:
@@ -125,7 +203,5 @@ def install() -> None:
     fallback.fallback(dispatch, dispatch_key="PrivateUse1")
     aten = torch.library.Library("aten", "IMPL")
     for qualified in _ops_taken_whole():
-        name, _, overload = qualified[len("aten::"):].partition(".")
-        op = getattr(getattr(torch.ops.aten, name), overload or "default")
-        aten.impl(qualified[len("aten::"):], functools.partial(dispatch, op), "PrivateUse1")
+        aten.impl(qualified[len("aten::"):], functools.partial(dispatch, _overload(qualified)), "PrivateUse1")
     _libraries.extend([fallback, aten])

@@ -31,9 +31,14 @@ class OpInfo:
     mutated_args: tuple  # names of arguments the op writes to (in-place, out=)
     seeded: bool  # draws random numbers
     checks_devices: bool  # all tensor arguments must share one device
+    composite_only: bool  # PyTorch's generic kernel, no CPU kernel: can be decomposed on device
 
 
 _cache: dict = {}
+
+
+def _has(qualified: str, key: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key)
 
 
 def op_info(op) -> OpInfo:
@@ -49,6 +54,7 @@ def op_info(op) -> OpInfo:
             ),
             seeded=torch.Tag.nondeterministic_seeded in op.tags,
             checks_devices=schema.name not in _CROSS_DEVICE_OPS and qualified not in _CROSS_DEVICE_OPS,
+            composite_only=_has(qualified, "CompositeExplicitAutograd") and not _has(qualified, "CPU"),
         )
         _cache[op] = info
     return info

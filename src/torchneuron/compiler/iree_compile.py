@@ -1,0 +1,60 @@
+"""Compiling torch-dialect MLIR into an IREE executable for the configured target."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from .. import config
+
+# IREE HAL driver -> compiler target backend.
+_BACKENDS = {
+    "local-task": "llvm-cpu",
+    "local-sync": "llvm-cpu",
+    "cuda": "cuda",
+    "hip": "rocm",
+    "vulkan": "vulkan-spirv",
+}
+
+
+class CompileError(RuntimeError):
+    """The compiler rejected an op: carries the op, its input shapes and the diagnostic."""
+
+    def __init__(self, what: str, diagnostic: str):
+        self.what = what
+        self.diagnostic = diagnostic
+        super().__init__(f"neuron: compiling {what} failed:\n{diagnostic.strip()[:4000]}")
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version() -> str:
+    from importlib.metadata import version
+
+    return version("iree-base-compiler")
+
+
+def target_flags(driver: str | None = None) -> tuple:
+    """(backend, flags) for a driver; every flag here changes code, so all go in the cache key."""
+    driver = driver or config.settings.driver
+    backend = _BACKENDS.get(driver)
+    if backend is None:
+        raise RuntimeError(f"neuron: no compiler target for driver {driver!r}; known: {', '.join(_BACKENDS)}")
+    flags = ["--iree-input-demote-f64-to-f32=false"]
+    if backend == "llvm-cpu":
+        flags.append("--iree-llvmcpu-target-cpu=host")
+    return backend, tuple(flags)
+
+
+def compile_mlir(mlir: str, what: str, driver: str | None = None) -> tuple:
+    """Compile MLIR text; returns (vmfb bytes, seconds). Raises CompileError."""
+    import iree.compiler as ireec
+
+    backend, flags = target_flags(driver)
+    start = time.perf_counter()
+    try:
+        vmfb = ireec.compile_str(
+            mlir, input_type="torch", target_backends=[backend], extra_args=list(flags)
+        )
+    except ireec.CompilerToolError as e:
+        raise CompileError(what, str(e)) from None
+    return bytes(vmfb), time.perf_counter() - start

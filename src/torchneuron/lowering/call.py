@@ -1,0 +1,193 @@
+"""The signature of an op call: what identifies its executable, and the runtime
+values it is launched with.
+
+Tensors become executable inputs. Scalars whose schema type is a number
+(Scalar, float and lists of them: learning rates, alphas, eps) become runtime
+inputs too, packed into one float64 and one int64 tensor, so a training loop
+whose scalars change every step reuses one executable. Everything else (dims,
+sizes, flags, dtypes) is a constant and part of the key.
+
+A tensor is passed directly when it is contiguous and 64-byte aligned (what
+IREE imports without a copy); otherwise the aligned span of storage around it
+is passed and the graph views it with as_strided, which is still no copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+ALIGNMENT = 64
+
+
+class NotCompilable(Exception):
+    """This call cannot take the compiled path; the reason says why."""
+
+
+# Leaves of an argument structure. The tag keeps them apart in keys (named
+# tuples compare as plain tuples).
+class TRef(NamedTuple):  # the i-th tensor input
+    i: int
+    tag: str = "tensor"
+
+
+class FRef(NamedTuple):  # the j-th float scalar input
+    j: int
+    tag: str = "float"
+
+
+class IRef(NamedTuple):  # the j-th int scalar input
+    j: int
+    tag: str = "int"
+
+
+class Seq(NamedTuple):  # a list or tuple argument
+    kind: str
+    items: tuple
+    tag: str = "seq"
+
+
+class TensorSpec(NamedTuple):
+    """How one tensor argument is passed: directly, or as a span of its storage."""
+
+    dtype: torch.dtype
+    shape: tuple
+    stride: tuple | None  # None: passed directly (contiguous, aligned)
+    prefix: int  # elements between the span's aligned start and the tensor
+    span: int  # elements in the span (0 when direct)
+    on_host: bool  # a CPU tensor (0-dim scalars mixed into a neuron op)
+
+
+@dataclass
+class CallSignature:
+    key: tuple
+    args: tuple  # argument structure with TRef/FRef/IRef leaves
+    kwargs: tuple  # ((name, structure), ...)
+    tensors: list  # runtime tensors, by TRef index
+    specs: tuple  # TensorSpec per tensor
+    floats: list
+    ints: list
+    mutated: frozenset  # TRef indices the op writes
+
+
+def _param_arg_names(op) -> frozenset:
+    names = set()
+    for a in op._schema.arguments:
+        t = str(a.type)
+        if ("number" in t or "float" in t) and "Tensor" not in t:
+            names.add(a.name)
+    return frozenset(names)
+
+
+_param_names_cache: dict = {}
+# Ops whose scalars must be constants: their decompositions need the values,
+# or (pow) the lowering of a runtime exponent is not exact.
+baked_ops: set = {"aten.pow.Tensor_Scalar", "aten.pow_.Scalar", "aten.pow.Scalar", "aten.float_power.Tensor_Scalar"}
+
+
+def _tensor_spec(t: torch.Tensor) -> TensorSpec:
+    on_host = t.device.type != "neuron"
+    if t.is_contiguous() and t.data_ptr() % ALIGNMENT == 0:
+        return TensorSpec(t.dtype, tuple(t.shape), None, 0, 0, on_host)
+    if on_host:
+        raise NotCompilable("a host tensor argument that is not contiguous and aligned")
+    if any(s < 0 for s in t.stride()):
+        raise NotCompilable("negative strides")
+    itemsize = t.element_size()
+    offset = t.storage_offset()
+    start = (offset * itemsize // ALIGNMENT) * ALIGNMENT // itemsize
+    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+    prefix = offset - start
+    return TensorSpec(t.dtype, tuple(t.shape), tuple(t.stride()), prefix, prefix + extent, on_host)
+
+
+def signature_of(op, info, args, kwargs) -> CallSignature:
+    params = _param_names_cache.get(op)
+    if params is None:
+        params = _param_names_cache[op] = _param_arg_names(op)
+    bake = info.name in baked_ops
+    tensors: list = []
+    floats: list = []
+    ints: list = []
+    arg_names = info.arg_names
+
+    def leaf(v, param):
+        if isinstance(v, torch.Tensor):
+            tensors.append(v)
+            return TRef(len(tensors) - 1)
+        t = type(v)
+        if t is float:
+            if param and not bake:
+                floats.append(v)
+                return FRef(len(floats) - 1)
+            return ("float", v)  # 1 and 1.0 key apart
+        if t is int:
+            if param and not bake:
+                ints.append(v)
+                return IRef(len(ints) - 1)
+            return v
+        if t is list or t is tuple:
+            return Seq(t.__name__, tuple(leaf(x, param) for x in v))
+        if v is None or t is bool or t is str or isinstance(v, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return v
+        raise NotCompilable(f"an argument of type {t.__name__}")
+
+    structure = tuple(
+        leaf(v, (arg_names[i] if i < len(arg_names) else None) in params) for i, v in enumerate(args)
+    )
+    kw = tuple((k, leaf(v, k in params)) for k, v in kwargs.items())
+    specs = tuple(_tensor_spec(t) for t in tensors)
+
+    mutated = frozenset()
+    if info.mutated_args:
+        mutated = frozenset(_refs_of(info, structure, kw))
+        if mutated:
+            storages = [t.untyped_storage().data_ptr() for t in tensors]
+            for i in mutated:
+                if storages.count(storages[i]) > 1:
+                    raise NotCompilable("an argument the op writes shares memory with another argument")
+                if specs[i].stride is not None and torch._debug_has_internal_overlap(tensors[i]) != 0:
+                    raise NotCompilable("an argument the op writes overlaps itself")
+    key = (op, structure, kw, specs)
+    return CallSignature(key, structure, kw, tensors, specs, floats, ints, mutated)
+
+
+def _refs_of(info, structure, kw) -> list:
+    refs = []
+    wanted = set(info.mutated_args)
+    for i, s in enumerate(structure):
+        if i < len(info.arg_names) and info.arg_names[i] in wanted:
+            refs.extend(_collect(s))
+    for k, s in kw:
+        if k in wanted:
+            refs.extend(_collect(s))
+    return refs
+
+
+def _collect(s) -> list:
+    if isinstance(s, TRef):
+        return [s.i]
+    if isinstance(s, Seq):
+        return [i for x in s.items for i in _collect(x)]
+    return []
+
+
+def rebuild(s, tensors, floats, ints, device):
+    """The argument value for a structure, given values for the references;
+    neuron devices (factory ops) become `device`, where the graph is traced."""
+    if isinstance(s, TRef):
+        return tensors[s.i]
+    if isinstance(s, FRef):
+        return floats[s.j]
+    if isinstance(s, IRef):
+        return ints[s.j]
+    if isinstance(s, Seq):
+        items = [rebuild(x, tensors, floats, ints, device) for x in s.items]
+        return items if s.kind == "list" else tuple(items)
+    if type(s) is tuple and len(s) == 2 and s[0] == "float":
+        return s[1]
+    if isinstance(s, torch.device) and s.type == "neuron":
+        return device
+    return s

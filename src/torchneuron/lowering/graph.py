@@ -1,0 +1,236 @@
+"""Lowering one op call to MLIR.
+
+The call becomes a small module whose inputs are the call's tensors (or
+storage spans), its packed scalars and one destination per new result. The
+op's results are copied into the destinations and in-place writes land in the
+inputs they target, so torch.export records them as input mutations, which
+IREE's importer turns into writes into the caller's buffers
+(torch.overwrite.tensor.contents): results need no copy out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from .call import CallSignature, NotCompilable, rebuild
+
+
+class NeedsResize(NotCompilable):
+    """An out= argument has the wrong shape: resize it (as CPU would), then compile."""
+
+    def __init__(self, shapes: dict):
+        super().__init__("the op resizes an argument")
+        self.shapes = shapes
+
+
+_NOISY_LOGGERS = (
+    "torch",
+    "torch._subclasses.fake_tensor",
+    "torch.fx.experimental.symbolic_shapes",
+    "torch._export",
+    "torch.export",
+    "torch._dynamo",
+)
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    """torch.export logs (and prints) failed guesses; a failed export is our
+    signal to try another way, not something for the user's output."""
+    loggers = [logging.getLogger(n) for n in _NOISY_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        # Some failures also print the graph being traced.
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+from .decompositions import decomposition_table
+
+
+@dataclass
+class LoweredCall:
+    mlir: str
+    out_specs: tuple  # (shape, dtype) of each new result, allocated by the caller
+    returns: object  # structure of the op's return: ("arg", i) / ("out", j) / None / tuples
+    what: str  # "aten.add.Tensor(f32[16], f32[16])" for messages
+
+
+def describe(info, sig: CallSignature) -> str:
+    shapes = ", ".join(
+        f"{str(s.dtype).replace('torch.', '')}{list(s.shape)}" for s in sig.specs
+    )
+    return f"{info.name}({shapes})"
+
+
+def _meta(spec):
+    if spec.stride is None:
+        return torch.empty(spec.shape, dtype=spec.dtype, device="meta")
+    return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device="meta")
+
+
+def _returns_template(result, metas, out_specs: list):
+    """Map the op's meta result to argument references and new outputs."""
+    if result is None:
+        return None
+    if isinstance(result, torch.Tensor):
+        for i, m in enumerate(metas):
+            if result is m:
+                return ("arg", i)
+        for m in metas:
+            if result.untyped_storage()._cdata == m.untyped_storage()._cdata:
+                raise NotCompilable("the op returns a view of an argument")
+        out_specs.append((tuple(result.shape), result.dtype))
+        return ("out", len(out_specs) - 1)
+    if isinstance(result, (list, tuple)):
+        return (type(result).__name__, tuple(_returns_template(r, metas, out_specs) for r in result))
+    raise NotCompilable(f"the op returns a {type(result).__name__}")
+
+
+def _paths_to_outputs(template, path=()):
+    if template is None:
+        return []
+    if template[0] == "out":
+        return [(template[1], path)]
+    if template[0] == "arg":
+        return []
+    return [p for i, t in enumerate(template[1]) for p in _paths_to_outputs(t, path + (i,))]
+
+
+def _get(value, path):
+    for i in path:
+        value = value[i]
+    return value
+
+
+def lower_call(op, info, sig: CallSignature) -> LoweredCall:
+    what = describe(info, sig)
+    metas = [_meta(s) for s in sig.specs]
+    before = [tuple(m.shape) for m in metas]
+    try:
+        args, kwargs = rebuild_all(sig, metas, sig.floats, sig.ints, _META)
+        result = op(*args, **kwargs)
+    except NotImplementedError as e:
+        raise NotCompilable(f"no shape function: {e}") from None
+    except RuntimeError as e:
+        raise NotCompilable(f"shape inference failed: {e}") from None
+    resized = {i: tuple(m.shape) for i, (m, b) in enumerate(zip(metas, before)) if tuple(m.shape) != b}
+    if resized:
+        raise NeedsResize(resized)
+    out_specs: list = []
+    returns = _returns_template(result, metas, out_specs)
+    outputs = _paths_to_outputs(returns)
+    mlir = _export_to_mlir(op, sig, out_specs, outputs)
+    return LoweredCall(mlir, tuple(out_specs), returns, what)
+
+
+def rebuild_all(sig, tensors, floats, ints, device):
+    args = tuple(rebuild(s, tensors, floats, ints, device) for s in sig.args)
+    kwargs = {k: rebuild(s, tensors, floats, ints, device) for k, s in sig.kwargs}
+    return args, kwargs
+
+
+_META = torch.device("meta")
+_CPU = torch.device("cpu")
+
+_PASS_THROUGH_OPS = frozenset(
+    {
+        torch.ops.aten.copy_.default,
+        torch.ops.aten.copy.default,
+        torch.ops.aten.clone.default,
+        torch.ops.aten._to_copy.default,
+        torch.ops.aten.lift_fresh_copy.default,
+        torch.ops.aten.detach_copy.default,
+        torch.ops.aten.alias_copy.default,
+    }
+)
+
+
+class _CallModule(torch.nn.Module):
+    def __init__(self, op, sig: CallSignature, outputs):
+        super().__init__()
+        self.op = op
+        self.sig = sig
+        self.outputs = outputs
+
+    def forward(self, *inputs):
+        sig = self.sig
+        n = len(sig.specs)
+        tensors = []
+        written_spans = []
+        for i, spec in enumerate(sig.specs):
+            x = inputs[i]
+            if spec.stride is not None:
+                view = x.as_strided(spec.shape, spec.stride, spec.prefix)
+                if i in sig.mutated:
+                    # Writes to a strided view are scattered back into the span below.
+                    view = view.clone()
+                    written_spans.append((i, view))
+                x = view
+            tensors.append(x)
+        pos = n
+        floats, ints = [], []
+        if sig.floats:
+            packed = inputs[pos]
+            pos += 1
+            floats = [packed[j].item() for j in range(len(sig.floats))]
+        if sig.ints:
+            packed = inputs[pos]
+            pos += 1
+            ints = [packed[j].item() for j in range(len(sig.ints))]
+        if self.op in _PASS_THROUGH_OPS and len(tensors) > 1:
+            # IREE cannot write a destination straight from another argument
+            # (copy_(dst, src)); a reshape round trip gives it a real copy.
+            tensors[1] = tensors[1].unsqueeze(0).squeeze(0)
+        elif self.op in _PASS_THROUGH_OPS and tensors:
+            tensors[0] = tensors[0].unsqueeze(0).squeeze(0)
+        args, kwargs = rebuild_all(sig, tensors, floats, ints, _CPU)
+        result = self.op(*args, **kwargs)
+        for j, path in self.outputs:
+            inputs[pos + j].copy_(_get(result, path))
+        for i, view in written_spans:
+            spec = sig.specs[i]
+            flat = inputs[i]
+            index = torch.arange(spec.span, device=flat.device).as_strided(spec.shape, spec.stride, spec.prefix)
+            flat.index_put_((index.reshape(-1),), view.reshape(-1))
+        return ()
+
+
+def _example(spec):
+    if spec.stride is None:
+        return torch.zeros(spec.shape, dtype=spec.dtype)
+    return torch.zeros(spec.span, dtype=spec.dtype)
+
+
+def _export_to_mlir(op, sig: CallSignature, out_specs, outputs) -> str:
+    from iree.compiler.extras.fx_importer import FxImporter
+
+    examples = [_example(s) for s in sig.specs]
+    if sig.floats:
+        examples.append(torch.tensor(sig.floats, dtype=torch.float64))
+    if sig.ints:
+        examples.append(torch.tensor(sig.ints, dtype=torch.int64))
+    examples += [torch.zeros(shape, dtype=dtype) for shape, dtype in out_specs]
+    module = _CallModule(op, sig, outputs)
+    try:
+        with warnings.catch_warnings(), _quiet_torch_logs():
+            warnings.simplefilter("ignore")
+            program = torch.export.export(module, tuple(examples), strict=False)
+            program = program.run_decompositions(decomposition_table())
+    except Exception as e:  # noqa: BLE001 - export raises many kinds; all mean "not this way"
+        raise NotCompilable(f"export failed: {type(e).__name__}: {str(e)[:300]}") from None
+    try:
+        importer = FxImporter()
+        importer.import_program(program, func_name="main")
+    except Exception as e:  # noqa: BLE001
+        raise NotCompilable(f"import failed: {type(e).__name__}: {str(e)[:300]}") from None
+    return importer.module.operation.get_asm(enable_debug_info=False)

@@ -1,0 +1,32 @@
+"""An IREE executable loaded once per device: VM module, context, entry function."""
+
+from __future__ import annotations
+
+import threading
+
+
+class LoadedExecutable:
+    """The compiled module of one op signature; loaded lazily on each device it runs on."""
+
+    def __init__(self, vmfb: bytes, key: str, what: str):
+        self.vmfb = vmfb
+        self.key = key
+        self.what = what
+        self._contexts: dict = {}  # device index -> (context, async entry function)
+        self._lock = threading.Lock()
+
+    def entry(self, queue):
+        loaded = self._contexts.get(queue.index)
+        if loaded is None:
+            with self._lock:
+                loaded = self._contexts.get(queue.index)
+                if loaded is None:
+                    import iree.runtime as ireert
+
+                    module = ireert.VmModule.copy_buffer(queue.instance, self.vmfb)
+                    context = ireert.VmContext(queue.instance, modules=[queue.hal_module, module])
+                    fn = module.lookup_function("main$async")
+                    if fn is None:
+                        raise RuntimeError(f"neuron: executable for {self.what} has no async entry point")
+                    loaded = self._contexts[queue.index] = (context, fn)
+        return loaded
