@@ -78,5 +78,18 @@ def execution_stats() -> dict:
     return _stats.snapshot()
 
 
+def compile_stats() -> dict:
+    """The compile path: executable cache (hits, misses, compiles, seconds,
+    bytes), signatures planned, and why ops could not be compiled."""
+    from .cache import executable_cache
+    from .dispatch import eager
+
+    return {
+        **executable_cache().stats(),
+        "signatures": eager.plan_count(),
+        "not_compiled": dict(_stats.fallback_reasons),
+    }
+
+
 def reset_stats() -> None:
     _stats.reset()

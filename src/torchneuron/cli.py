@@ -37,6 +37,24 @@ def _demo(args) -> int:
     return demo.main(["--steps", str(args.steps)])
 
 
+def _conformance(args) -> int:
+    import shlex
+
+    from torchneuron.eval import conformance
+
+    ops = conformance.CI_OPS if args.ci else args.ops
+    results = conformance.run(
+        ops=ops, dtypes=args.dtypes, max_samples=args.max_samples, json_path=args.json, resume=args.resume
+    )
+    command = "torchneuron " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if args.markdown:
+        conformance.write_markdown(args.markdown, results, command, args.max_samples)
+    summary = conformance.summarize(results)
+    for dtype, d in summary.items():
+        print(f"{dtype}: {d}")
+    return 1 if any(d["fail"] for d in summary.values()) and args.strict else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="torchneuron", description="torchneuron: the neuron device for PyTorch")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -46,6 +64,16 @@ def main(argv=None) -> int:
     p = sub.add_parser("demo", help="train a small transformer on neuron")
     p.add_argument("--steps", type=int, default=30)
     p.set_defaults(fn=_demo)
+    p = sub.add_parser("conformance", help="run PyTorch's OpInfo samples on neuron and CPU and compare")
+    p.add_argument("--ops", nargs="*", help="OpInfo names (default: all)")
+    p.add_argument("--ci", action="store_true", help="the fixed subset of ops models use most")
+    p.add_argument("--dtypes", nargs="*", default=["float32"], help="float32 bfloat16 float16 int64 bool")
+    p.add_argument("--max-samples", type=int, default=3)
+    p.add_argument("--json", default="docs/conformance.json")
+    p.add_argument("--markdown", default="docs/conformance.md")
+    p.add_argument("--resume", action="store_true", help="keep results already in the JSON report")
+    p.add_argument("--strict", action="store_true", help="exit 1 when any op fails")
+    p.set_defaults(fn=_conformance)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -22,11 +22,12 @@ from . import stats
 
 
 class Plan:
-    __slots__ = ("executable", "out_specs", "returns", "what")
+    __slots__ = ("executable", "out_specs", "flag", "returns", "what")
 
-    def __init__(self, executable, out_specs, returns, what):
+    def __init__(self, executable, out_specs, flag, returns, what):
         self.executable = executable
         self.out_specs = out_specs
+        self.flag = flag
         self.returns = returns
         self.what = what
 
@@ -75,7 +76,7 @@ def _build_plan(op, info, sig):
         executable = future.result()
     except CompileError as e:
         raise NotCompilable(str(e)) from None
-    return Plan(executable, lowered.out_specs, lowered.returns, lowered.what)
+    return Plan(executable, lowered.out_specs, lowered.flag, lowered.returns, lowered.what)
 
 
 class _Retry(Exception):
@@ -136,7 +137,8 @@ def run(op, info, args, kwargs, device: torch.device):
         outs.append(out)
         views.append(imp(out, 0, shape, dtype))
     keepalive.append(outs)
-    queue.launch(plan.executable, views, keepalive, plan.what, user_source_line())
+    flag = outs[plan.flag] if plan.flag is not None else None
+    queue.launch(plan.executable, views, keepalive, plan.what, user_source_line(), flag)
     stats.record(stats.compiled, stats_name(op))
     return _assemble(plan.returns, sig.tensors, outs)
 

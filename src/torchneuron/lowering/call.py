@@ -73,10 +73,13 @@ class CallSignature:
 
 
 def _param_arg_names(op) -> frozenset:
+    """Arguments whose Python numbers are runtime inputs: numbers (Scalar,
+    float, lists of them) and Tensor arguments, which receive Python numbers
+    as wrapped scalars (x.mul_(0.5) arrives as mul_.Tensor(x, 0.5))."""
     names = set()
     for a in op._schema.arguments:
         t = str(a.type)
-        if ("number" in t or "float" in t) and "Tensor" not in t:
+        if "number" in t or "float" in t or t in ("Tensor", "Optional[Tensor]"):
             names.add(a.name)
     return frozenset(names)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import index_checks
 from .call import CallSignature, NotCompilable, rebuild
 
 
@@ -61,6 +62,7 @@ from .decompositions import decomposition_table
 class LoweredCall:
     mlir: str
     out_specs: tuple  # (shape, dtype) of each new result, allocated by the caller
+    flag: int | None  # index in out_specs of the out-of-range-index flag, if the op indexes
     returns: object  # structure of the op's return: ("arg", i) / ("out", j) / None / tuples
     what: str  # "aten.add.Tensor(f32[16], f32[16])" for messages
 
@@ -129,8 +131,12 @@ def lower_call(op, info, sig: CallSignature) -> LoweredCall:
     out_specs: list = []
     returns = _returns_template(result, metas, out_specs)
     outputs = _paths_to_outputs(returns)
-    mlir = _export_to_mlir(op, sig, out_specs, outputs)
-    return LoweredCall(mlir, tuple(out_specs), returns, what)
+    flag = None
+    if index_checks.has_checks(op):
+        out_specs.append(((), torch.bool))
+        flag = len(out_specs) - 1
+    mlir = _export_to_mlir(op, sig, out_specs, outputs, flag)
+    return LoweredCall(mlir, tuple(out_specs), flag, returns, what)
 
 
 def rebuild_all(sig, tensors, floats, ints, device):
@@ -156,11 +162,12 @@ _PASS_THROUGH_OPS = frozenset(
 
 
 class _CallModule(torch.nn.Module):
-    def __init__(self, op, sig: CallSignature, outputs):
+    def __init__(self, op, sig: CallSignature, outputs, flag):
         super().__init__()
         self.op = op
         self.sig = sig
         self.outputs = outputs
+        self.flag = flag
 
     def forward(self, *inputs):
         sig = self.sig
@@ -194,6 +201,9 @@ class _CallModule(torch.nn.Module):
         elif self.op in _PASS_THROUGH_OPS and tensors:
             tensors[0] = tensors[0].unsqueeze(0).squeeze(0)
         args, kwargs = rebuild_all(sig, tensors, floats, ints, _CPU)
+        if self.flag is not None:
+            args, kwargs, out_of_range = index_checks.apply(self.op, args, kwargs)
+            inputs[pos + self.flag].copy_(out_of_range)
         result = self.op(*args, **kwargs)
         for j, path in self.outputs:
             inputs[pos + j].copy_(_get(result, path))
@@ -211,7 +221,7 @@ def _example(spec):
     return torch.zeros(spec.span, dtype=spec.dtype)
 
 
-def _export_to_mlir(op, sig: CallSignature, out_specs, outputs) -> str:
+def _export_to_mlir(op, sig: CallSignature, out_specs, outputs, flag) -> str:
     from iree.compiler.extras.fx_importer import FxImporter
 
     examples = [_example(s) for s in sig.specs]
@@ -220,7 +230,7 @@ def _export_to_mlir(op, sig: CallSignature, out_specs, outputs) -> str:
     if sig.ints:
         examples.append(torch.tensor(sig.ints, dtype=torch.int64))
     examples += [torch.zeros(shape, dtype=dtype) for shape, dtype in out_specs]
-    module = _CallModule(op, sig, outputs)
+    module = _CallModule(op, sig, outputs, flag)
     try:
         with warnings.catch_warnings(), _quiet_torch_logs():
             warnings.simplefilter("ignore")

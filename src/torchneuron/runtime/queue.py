@@ -85,7 +85,9 @@ class DeviceQueue:
         buffer = self.device.allocator.import_host_allocation(host, _MEMORY_TYPE, _BUFFER_USAGE)
         return rt.HalBufferView(buffer, shape, _ELEMENT_TYPES[dtype])
 
-    def launch(self, executable, views: list, keepalive, what: str, source: str) -> None:
+    def launch(self, executable, views: list, keepalive, what: str, source: str, flag=None) -> None:
+        """Queue one executable. `flag`, if given, is a device bool the
+        executable sets when its indices were out of range."""
         context, fn = executable.entry(self)
         rt = self._rt
         with self._lock:
@@ -95,7 +97,7 @@ class DeviceQueue:
             args.push_ref(rt.HalFence.create_at(self.semaphore, self.value))
             self.value += 1
             args.push_ref(rt.HalFence.create_at(self.semaphore, self.value))
-            self._pending.append((self.value, keepalive, what, source))
+            self._pending.append((self.value, keepalive, what, source, flag))
             self.launches += 1
             try:
                 context.invoke(fn, args, self._no_results)
@@ -122,9 +124,19 @@ class DeviceQueue:
 
     def _retire(self, value: int) -> None:
         pending = self._pending
+        bad = None
         while pending and pending[0][0] <= value:
-            pending.popleft()
+            entry = pending.popleft()
+            flag = entry[4]
+            if flag is not None and bad is None and _C.host_alias(flag).item():
+                bad = entry
         self.completed = max(self.completed, value)
+        if bad is not None:
+            _, _, what, source, _ = bad
+            raise NeuronAsyncError(
+                f"neuron: {what} (issued at {source}) used an index out of range "
+                "(device-side check; the indices were clamped and its results are invalid)"
+            )
 
     def _raise_failure(self, error: Exception) -> None:
         try:
@@ -138,7 +150,7 @@ class DeviceQueue:
         self.value = self.completed = 0
         if failed is None:
             raise NeuronAsyncError(f"neuron: an asynchronous op failed: {error}") from error
-        _, _, what, source = failed
+        _, _, what, source, _ = failed
         raise NeuronAsyncError(
             f"neuron: {what} failed on neuron:{self.index} (issued at {source}): {error}"
         ) from error

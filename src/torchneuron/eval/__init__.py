@@ -1,0 +1,2 @@
+"""Evaluation: conformance against PyTorch's OpInfo database (more to come:
+shape registry, generated tests, model census, staged runs)."""

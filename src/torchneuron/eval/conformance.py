@@ -1,0 +1,249 @@
+"""OpInfo conformance: run each OpInfo's sample inputs on neuron and on CPU and
+compare. Per op and dtype the result is compiled-pass (every sample matched
+and ran compiled), fallback-pass (matched, some of it on the host fallback)
+or fail (a mismatch or an error, with the first one recorded).
+
+    torchneuron conformance [--ops add mul ...] [--dtypes float32 ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch.utils._pytree import tree_map
+
+import torchneuron
+from torchneuron.dispatch import stats as dispatch_stats
+
+# Ops models use most: the fixed subset CI runs.
+CI_OPS = (
+    "add sub mul div neg abs exp log sqrt rsqrt pow tanh sigmoid sin cos clamp where "
+    "maximum minimum eq ne lt gt ge le logical_not masked_fill sum mean amax amin max min argmax "
+    "softmax log_softmax nn.functional.gelu nn.functional.relu nn.functional.silu "
+    "nn.functional.layer_norm nn.functional.embedding nn.functional.linear nn.functional.dropout "
+    "nn.functional.cross_entropy matmul mm bmm addmm cat stack reshape view transpose permute "
+    "expand squeeze unsqueeze flatten contiguous clone zeros_like ones_like full_like tril triu "
+    "cumsum index_select gather topk sort norm var erf floor lerp addcmul addcdiv"
+).split()
+
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int64": torch.int64,
+    "bool": torch.bool,
+}
+
+# Device-vs-CPU tolerances (PyTorch's own defaults for the dtype, with float32
+# relaxed to 1e-4: the device kernels (erf, exp, tanh approximations) are not CPU's).
+TOLERANCES = {
+    torch.float32: (1e-4, 1e-4),
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+}
+
+
+@dataclass
+class OpResult:
+    op: str
+    dtype: str
+    status: str  # compiled-pass | fallback-pass | fail | skipped
+    samples: int = 0
+    compiled_ops: int = 0
+    fallback_ops: dict = field(default_factory=dict)
+    error: str = ""
+    seconds: float = 0.0
+
+
+def _op_db():
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return op_db
+
+
+def _to_neuron(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("neuron")
+    return x
+
+
+def _to_cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    return x
+
+
+def _tolerance(opinfo, dtype):
+    rtol, atol = TOLERANCES.get(dtype, (0.0, 0.0))
+    for decorator in getattr(opinfo, "decorators", ()) or ():
+        # toleranceOverride decorators registered for the CPU comparison test.
+        test_name = getattr(decorator, "test_name", None)
+        if test_name not in ("test_compare_cpu", None):
+            continue
+        for dec in getattr(decorator, "decorators", ()) or ():
+            overrides = getattr(dec, "d", None)
+            if isinstance(overrides, dict) and dtype in overrides:
+                tol = overrides[dtype]
+                rtol, atol = max(rtol, tol.rtol), max(atol, tol.atol)
+    return rtol, atol
+
+
+def run_op(opinfo, dtype, max_samples: int) -> OpResult:
+    name = opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
+    result = OpResult(name, str(dtype).replace("torch.", ""), "skipped")
+    start = time.perf_counter()
+    rtol, atol = _tolerance(opinfo, dtype)
+    try:
+        samples = list(opinfo.sample_inputs("cpu", dtype, requires_grad=False))[:max_samples]
+    except Exception as e:  # noqa: BLE001 - a broken sample generator is the OpInfo's problem
+        result.error = f"sample_inputs: {type(e).__name__}: {e}"[:500]
+        return result
+    fallback_before = dict(dispatch_stats.host_fallback)
+    compiled_before = sum(dispatch_stats.compiled.values())
+    failure = ""
+    for sample in samples:
+        try:
+            torch.manual_seed(0)
+            expected = opinfo.op(sample.input, *sample.args, **sample.kwargs)
+        except Exception:  # noqa: BLE001 - the sample is invalid on CPU too: not ours to judge
+            continue
+        result.samples += 1
+        try:
+            n_input = tree_map(_to_neuron, sample.input)
+            n_args = tree_map(_to_neuron, sample.args)
+            n_kwargs = tree_map(_to_neuron, sample.kwargs)
+            torch.manual_seed(0)
+            actual = opinfo.op(n_input, *n_args, **n_kwargs)
+            actual = tree_map(_to_cpu, actual)
+            torch.neuron.synchronize()
+            torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True, check_device=False)
+        except Exception as e:  # noqa: BLE001 - recorded as this op's failure
+            failure = f"{type(e).__name__}: {str(e).strip()}"[:800]
+            break
+    result.seconds = round(time.perf_counter() - start, 2)
+    result.compiled_ops = sum(dispatch_stats.compiled.values()) - compiled_before
+    result.fallback_ops = {
+        k: v - fallback_before.get(k, 0)
+        for k, v in dispatch_stats.host_fallback.items()
+        if v - fallback_before.get(k, 0) > 0
+    }
+    if result.samples == 0:
+        result.status = "skipped"
+        result.error = result.error or "no sample input runs on CPU"
+    elif failure:
+        result.status = "fail"
+        result.error = failure
+    elif result.fallback_ops:
+        result.status = "fallback-pass"
+    else:
+        result.status = "compiled-pass"
+    return result
+
+
+def run(ops=None, dtypes=("float32",), max_samples: int = 3, json_path=None, resume=False, progress=True):
+    """Run the OpInfos (all, or those named in ops) for each dtype they declare."""
+    wanted = set(ops) if ops else None
+    done: dict = {}
+    if resume and json_path and os.path.exists(json_path):
+        with open(json_path) as f:
+            for r in json.load(f).get("results", []):
+                done[(r["op"], r["dtype"])] = r
+    marker = json_path + ".current" if json_path else None
+    if resume and marker and os.path.exists(marker):
+        # The previous run died inside this op: record it, do not run it again.
+        with open(marker) as f:
+            op_name, dtype_name = f.read().split("\t")
+        if (op_name, dtype_name) not in done:
+            crashed = OpResult(op_name, dtype_name, "fail", error="the op crashed the process")
+            done[(op_name, dtype_name)] = asdict(crashed)
+    results = list(done.values())
+    db = [o for o in _op_db() if wanted is None or o.name in wanted]
+    total = sum(1 for _ in db) * len(dtypes)
+    count = 0
+    for opinfo in db:
+        supported = opinfo.supported_dtypes("cpu")
+        for dtype_name in dtypes:
+            count += 1
+            dtype = DTYPES[dtype_name]
+            name = opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
+            if dtype not in supported or (name, dtype_name) in done:
+                continue
+            if marker:
+                with open(marker, "w") as f:
+                    f.write(f"{name}\t{dtype_name}")
+            try:
+                r = run_op(opinfo, dtype, max_samples)
+            except Exception as e:  # noqa: BLE001 - never stop the run
+                r = OpResult(name, dtype_name, "fail", error=f"runner: {e}\n{traceback.format_exc()[-500:]}")
+            results.append(asdict(r))
+            if progress:
+                print(f"[{count}/{total}] {name} {dtype_name}: {r.status} ({r.seconds}s)", flush=True)
+            if json_path:
+                _write_json(json_path, results, dtypes, max_samples)
+    if marker and os.path.exists(marker):
+        os.remove(marker)
+    return results
+
+
+def _write_json(path, results, dtypes, max_samples):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"dtypes": list(dtypes), "max_samples": max_samples, "results": results}, f, indent=1)
+    os.replace(tmp, path)
+
+
+def summarize(results) -> dict:
+    by_dtype: dict = {}
+    for r in results:
+        d = by_dtype.setdefault(r["dtype"], {"compiled-pass": 0, "fallback-pass": 0, "fail": 0, "skipped": 0})
+        d[r["status"]] += 1
+    return by_dtype
+
+
+def write_markdown(path, results, command: str, max_samples: int) -> None:
+    summary = summarize(results)
+    lines = [
+        "# OpInfo conformance",
+        "",
+        "Each OpInfo of PyTorch's `op_db` runs its sample inputs on neuron and on CPU and the",
+        "results are compared (float32 rtol/atol 1e-4 unless the OpInfo overrides it for the",
+        "CPU comparison test). **compiled-pass**: every sample matched and ran as compiled",
+        "executables; **fallback-pass**: matched, with some ops on the host fallback; **fail**:",
+        "a mismatch or an error; **skipped**: no sample runs on CPU either.",
+        "",
+        f"Command: `{command}` (at most {max_samples} samples per op)  ",
+        f"torchneuron {torchneuron.__version__}, torch {torch.__version__}",
+        "",
+        "| dtype | OpInfos | pass | compiled-pass | fallback-pass | fail | skipped | pass rate | compiled rate |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for dtype, d in sorted(summary.items()):
+        judged = d["compiled-pass"] + d["fallback-pass"] + d["fail"]
+        passed = d["compiled-pass"] + d["fallback-pass"]
+        rate = f"{100 * passed / judged:.1f}%" if judged else "-"
+        crate = f"{100 * d['compiled-pass'] / judged:.1f}%" if judged else "-"
+        lines.append(
+            f"| {dtype} | {judged + d['skipped']} | {passed} | {d['compiled-pass']} | {d['fallback-pass']} "
+            f"| {d['fail']} | {d['skipped']} | {rate} | {crate} |"
+        )
+    fallback_counts: dict = {}
+    for r in results:
+        for op in r.get("fallback_ops", {}):
+            fallback_counts[op] = fallback_counts.get(op, 0) + 1
+    if fallback_counts:
+        lines += ["", "## Ops most often on the host fallback", "", "| aten op | OpInfos |", "|---|---:|"]
+        for op, n in sorted(fallback_counts.items(), key=lambda kv: -kv[1])[:25]:
+            lines.append(f"| `{op}` | {n} |")
+    fails = [r for r in results if r["status"] == "fail"]
+    if fails:
+        lines += ["", "## Failures", "", "| OpInfo | dtype | first error |", "|---|---|---|"]
+        for r in sorted(fails, key=lambda r: (r["op"], r["dtype"])):
+            err = r["error"].replace("|", "\\|").replace("\n", " ")[:160]
+            lines.append(f"| {r['op']} | {r['dtype']} | {err} |")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")

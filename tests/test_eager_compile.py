@@ -1,0 +1,163 @@
+"""Compile-first eager mode: ops run as cached IREE executables, asynchronously
+(issue: compile-first eager mode)."""
+
+import pytest
+import torch
+
+import torchneuron
+from torchneuron.compiler import CompileError, compile_mlir
+from torchneuron.runtime import NeuronAsyncError, device_queue
+
+
+def _compiles() -> int:
+    return torchneuron.compile_stats()["compiles"]
+
+
+def test_common_ops_run_compiled_and_match_cpu():
+    torch.manual_seed(0)
+    x, w = torch.randn(6, 8), torch.randn(8, 8)
+    idx = torch.tensor([4, 0, 2])
+    cases = [
+        lambda x, w, i: torch.softmax(x @ w, -1),
+        lambda x, w, i: torch.nn.functional.layer_norm(x, (8,)),
+        lambda x, w, i: torch.nn.functional.gelu(x).sum(0),
+        lambda x, w, i: torch.cat([x, x * 2], 0).mean(1),
+        lambda x, w, i: torch.where(x > 0, x, -x).amax(-1),
+        lambda x, w, i: torch.nn.functional.embedding(i, w),
+        lambda x, w, i: x.index_select(0, i),
+        lambda x, w, i: (x.to(torch.float16) * 3).to(torch.float32),
+        lambda x, w, i: torch.tril(x[:, :6]).cumsum(0),
+    ]
+    torchneuron.reset_stats()
+    for fn in cases:
+        expected = fn(x, w, idx)
+        actual = fn(x.neuron(), w.neuron(), idx.neuron())
+        torch.testing.assert_close(actual.cpu(), expected, rtol=1e-4, atol=1e-4)
+    assert torchneuron.fallback_ops() == {}
+    assert torchneuron.execution_stats()["ops_compiled"] >= len(cases)
+
+
+def test_each_signature_compiles_once_and_scalars_are_runtime_inputs():
+    x = torch.randn(32, device="neuron")
+    y = torch.randn(32, device="neuron")
+    x.add_(y, alpha=0.5)  # first time: compiles
+    before = _compiles()
+    expected = x.cpu()
+    for alpha in (0.25, 1.5, -2.0, 3.0):
+        x.add_(y, alpha=alpha)
+        expected = expected + alpha * y.cpu()
+    x.mul_(1.5)
+    x.mul_(0.5)  # the same executable as mul_(1.5)
+    expected = expected * 1.5 * 0.5
+    torch.testing.assert_close(x.cpu(), expected, rtol=1e-5, atol=1e-5)
+    assert _compiles() - before == 1  # only mul_: every alpha reused add_'s executable
+
+
+def test_adamw_with_changing_lr_stops_compiling_after_step_2():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
+    x, y = torch.randn(4, 8, device="neuron"), torch.randn(4, 1, device="neuron")
+    compiles = []
+    for _ in range(50):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        loss.item()
+        compiles.append(_compiles())
+    assert compiles[-1] == compiles[1], f"compiled after step 2: {compiles}"
+    assert torchneuron.fallback_ops().keys() <= {"aten.normal_.default", "aten.uniform_.default"}
+
+
+def test_strided_and_unaligned_inputs_are_read_in_place():
+    base = torch.arange(64.0).reshape(8, 8)
+    n = base.neuron()
+    torchneuron.reset_stats()
+    cases = [
+        lambda t: t.t() + 1,  # transposed
+        lambda t: t[1:, ::2] * 2,  # strided, offset
+        lambda t: t.view(-1)[3:13].exp(),  # contiguous but not 64-byte aligned
+        lambda t: t[2].expand(3, 8) - 1,  # broadcast view
+    ]
+    for fn in cases:
+        torch.testing.assert_close(fn(n).cpu(), fn(base), rtol=1e-5, atol=1e-5)
+    assert torchneuron.fallback_ops() == {}
+    assert torchneuron.execution_stats()["ops_compiled"] == len(cases)
+
+
+def test_writes_through_views_and_out():
+    c = torch.arange(24.0).reshape(4, 6)
+    n = c.neuron()
+    for t in (c, n):
+        t[1:3].mul_(10)  # in-place on a contiguous slice
+        t[:, 1].add_(100)  # in-place on a strided column
+        torch.mul(t[0], 2, out=t[3])  # out= into a view
+    torch.testing.assert_close(n.cpu(), c)
+    out = torch.empty(0, device="neuron")
+    torch.add(n, 1, out=out)  # out= of the wrong size is resized, as on CPU
+    torch.testing.assert_close(out.cpu(), c + 1)
+
+
+def test_launches_are_asynchronous_and_reads_synchronize():
+    ref = torch.randn(512, 512) / 32
+    a = ref.to("neuron")
+    torch.neuron.synchronize()
+    queue = device_queue(0)
+    c = a
+    for _ in range(6):
+        c = torch.tanh(c @ a)
+    assert queue.pending() > 0  # launched, not finished
+    value = c.abs().sum().item()  # a host read waits for all of it
+    assert queue.pending() == 0
+    r = ref
+    for _ in range(6):
+        r = torch.tanh(r @ ref)
+    assert value == pytest.approx(r.abs().sum().item(), rel=1e-4)
+
+
+def test_launch_blocking_makes_launches_synchronous():
+    torchneuron.config.set(launch_blocking=True)
+    a = torch.randn(256, 256, device="neuron")
+    a @ a
+    assert device_queue(0).pending() == 0
+
+
+def test_out_of_range_index_raises_at_next_sync_with_source_line():
+    w = torch.randn(10, 4, device="neuron")
+    bad = torch.tensor([1, 2, 50], device="neuron")
+    r = torch.nn.functional.embedding(bad, w)  # the line reported below
+    line = test_out_of_range_index_raises_at_next_sync_with_source_line.__code__.co_firstlineno + 3
+    with pytest.raises(NeuronAsyncError, match=rf"aten\.embedding\.default.*test_eager_compile\.py:{line}.*out of range"):
+        r.sum().item()
+    # The device stays usable.
+    ok = torch.nn.functional.embedding(torch.tensor([3, 9], device="neuron"), w)
+    torch.testing.assert_close(ok.cpu(), w.cpu()[[3, 9]])
+
+
+def test_compile_error_names_op_shapes_and_diagnostic():
+    with pytest.raises(CompileError, match=r"compiling aten\.fake\.default\(float32\[3\]\) failed:(.|\n)*error"):
+        compile_mlir("module { this is not mlir }", "aten.fake.default(float32[3])")
+
+
+def test_rejected_op_runs_on_host_and_is_not_retried():
+    x, y = torch.randn(8), torch.randn(8)
+    torchneuron.reset_stats()
+    r1 = torch.copysign(x.neuron(), y.neuron())  # IREE rejects this op
+    failures = torchneuron.compile_stats()["compile_failures"]
+    r2 = torch.copysign(x.neuron(), y.neuron())
+    torch.testing.assert_close(r1.cpu(), torch.copysign(x, y))
+    torch.testing.assert_close(r2.cpu(), torch.copysign(x, y))
+    assert torchneuron.fallback_ops()["aten.copysign.Tensor"] == 2
+    assert torchneuron.compile_stats()["compile_failures"] == failures  # not compiled again
+    assert "aten.copysign.Tensor" in torchneuron.compile_stats()["not_compiled"]
+    torchneuron.config.set(fallback="error")
+    with pytest.raises(torchneuron.FallbackError, match="copysign"):
+        torch.copysign(x.neuron(), y.neuron())
+
+
+def test_mixed_devices_still_refused_on_compiled_path():
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.randn(3, device="neuron") * torch.randn(3)
