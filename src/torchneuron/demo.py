@@ -35,16 +35,26 @@ def main(argv=None) -> int:
             print(f"step {step:3d}  loss {loss:.4f}  step time {times[-1] * 1000:7.1f} ms")
 
     losses = train_gpt(args.device, args.steps, cfg=cfg, on_step=on_step)
+    torch.neuron.synchronize()
     stats = torchneuron.execution_stats()
     fallback = torchneuron.fallback_ops()
+    compile_stats = torchneuron.compile_stats()
     steady = statistics.median(times[len(times) // 2:])
+    compute = stats["ops_compiled"] + stats["ops_on_host_fallback"]
     print()
     print("=" * 64)
-    print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps")
+    print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps "
+          f"(execution: {torchneuron.config.settings.execution})")
     print(f"first step {times[0] * 1000:.1f} ms, steady-state step (median) {steady * 1000:.1f} ms")
     print(f"ops dispatched to neuron : {stats['ops_dispatched']} ({stats['distinct_ops']} distinct)")
+    if compute:
+        print(f"ops run compiled         : {stats['ops_compiled']} "
+              f"({100 * stats['ops_compiled'] / compute:.1f}% of compute ops)")
     print(f"ops on host fallback     : {stats['ops_on_host_fallback']} "
           f"({stats['distinct_fallback_ops']} distinct)")
+    print(f"host reads and copies    : {stats['transfers']}")
+    print(f"executables compiled     : {compile_stats['compiles']} in {compile_stats['compile_seconds']:.1f} s "
+          f"({compile_stats['hits']} cache hits, {compile_stats['signatures']} op signatures)")
     print(f"memory: {torch.neuron.memory_allocated() / 2**20:.1f} MiB allocated, "
           f"peak {torch.neuron.max_memory_allocated() / 2**20:.1f} MiB")
     top = sorted(fallback.items(), key=lambda kv: -kv[1])[:8]

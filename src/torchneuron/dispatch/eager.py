@@ -13,6 +13,7 @@ from collections import OrderedDict
 
 import torch
 
+from .. import _C
 from ..cache import cache_key, executable_cache
 from ..compiler import CompileError, compile_mlir, compile_pool, target_flags
 from ..lowering import NeedsResize, NotCompilable, lower_call, signature_of
@@ -117,8 +118,16 @@ def run(op, info, args, kwargs, device: torch.device):
     views = []
     keepalive = [sig.tensors]
     imp = queue.import_memory
-    for t, spec in zip(sig.tensors, sig.specs):
-        if spec.stride is None:
+    readonly = queue.import_readonly
+    mutated = sig.mutated
+    for i, (t, spec) in enumerate(zip(sig.tensors, sig.specs)):
+        if i not in mutated:
+            # Read only: DLPack of the host alias (or the span around it).
+            host = t if spec.on_host else _C.host_alias(t)
+            if spec.stride is not None:
+                host = host.as_strided((spec.span,), (1,), t.storage_offset() - spec.prefix)
+            views.append(readonly(host))
+        elif spec.stride is None:
             views.append(imp(t, t.storage_offset() * spec.dtype.itemsize, spec.shape, spec.dtype))
         else:
             start = (t.storage_offset() - spec.prefix) * spec.dtype.itemsize
@@ -126,11 +135,11 @@ def run(op, info, args, kwargs, device: torch.device):
     if sig.floats:
         packed = torch.tensor(sig.floats, dtype=torch.float64)
         keepalive.append(packed)
-        views.append(imp(packed, 0, (len(sig.floats),), torch.float64))
+        views.append(readonly(packed))
     if sig.ints:
         packed = torch.tensor(sig.ints, dtype=torch.int64)
         keepalive.append(packed)
-        views.append(imp(packed, 0, (len(sig.ints),), torch.int64))
+        views.append(readonly(packed))
     outs = []
     for shape, dtype in plan.out_specs:
         out = torch.empty(shape, dtype=dtype, device=device)

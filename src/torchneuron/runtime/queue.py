@@ -20,6 +20,12 @@ _instance = None
 _queues: dict = {}
 
 
+def _to_dlpack(t):
+    from torch.utils.dlpack import to_dlpack
+
+    return to_dlpack(t)
+
+
 def _numel(shape) -> int:
     n = 1
     for s in shape:
@@ -74,6 +80,11 @@ class DeviceQueue:
         self._lock = threading.RLock()
         self._no_results = ireert.VmVariantList(0)
         self.launches = 0
+
+    def import_readonly(self, host_tensor):
+        """A buffer view over a dense, 64-byte aligned CPU tensor that the
+        executable only reads (DLPack: the cheapest import)."""
+        return self.device.from_dlpack_capsule(_to_dlpack(host_tensor))
 
     def import_memory(self, tensor, byte_offset: int, shape, dtype):
         """A buffer view over `shape` elements of a tensor's storage from
