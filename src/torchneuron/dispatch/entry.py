@@ -175,6 +175,7 @@ def _ops_taken_whole() -> list:
             op = _overload(name)
             if (
                 "empty" not in name
+                and name not in _VIEWS_WITHOUT_ALIAS_ANNOTATION
                 and not _returns_view(op)
                 and torch.Tag.nondeterministic_seeded not in op.tags
                 and (
@@ -184,6 +185,10 @@ def _ops_taken_whole() -> list:
             ):
                 ops.append(name)
     return ops
+
+
+# Views whose schema does not say so; their composite kernels make the view.
+_VIEWS_WITHOUT_ALIAS_ANNOTATION = frozenset({"aten::_unsafe_view"})
 
 
 def _overload(qualified: str):
