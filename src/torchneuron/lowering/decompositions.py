@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch._decomp import core_aten_decompositions
+from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -27,9 +27,44 @@ def _squeeze_dims(x, dims):
     return torch.ops.aten.reshape.default(x, shape)
 
 
+def _view_copy_decomposition(view_op):
+    def decompose(*args, **kwargs):
+        result = view_op(*args, **kwargs)
+        if isinstance(result, (list, tuple)):
+            return [r.clone() for r in result]
+        return result.clone()
+
+    return decompose
+
+
+def _view_copies() -> dict:
+    """X_copy ops (view_copy, permute_copy, ...): the view X, then a copy."""
+    table = {}
+    for name in dir(torch.ops.aten):
+        if not name.endswith("_copy") or name.startswith("_"):
+            continue
+        base = getattr(torch.ops.aten, name[: -len("_copy")], None)
+        if base is None:
+            continue
+        packet = getattr(torch.ops.aten, name)
+        for overload in packet.overloads():
+            if overload in base.overloads() and overload != "out":
+                table[getattr(packet, overload)] = _view_copy_decomposition(getattr(base, overload))
+    return table
+
+
 @functools.lru_cache(maxsize=None)
 def decomposition_table() -> dict:
-    table = dict(core_aten_decompositions())
+    # Beyond the core set, PyTorch's other aten-to-aten decompositions:
+    # torch-mlir lowers the smaller ops they produce where it lacks the big
+    # one. (Its torch._refs entries produce prims, which torch-mlir does not take.)
+    table = {
+        op: fn
+        for op, fn in _all_decompositions.items()
+        if getattr(fn, "__module__", "") == "torch._decomp.decompositions"
+    }
+    table.update(core_aten_decompositions())
+    table.update(_view_copies())
     table[torch.ops.aten.squeeze.dims] = _squeeze_dims
     for name in dir(torch.ops.aten):
         if not name.startswith("_foreach_") or name.endswith("_"):

@@ -148,19 +148,6 @@ def rebuild_all(sig, tensors, floats, ints, device):
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
 
-_PASS_THROUGH_OPS = frozenset(
-    {
-        torch.ops.aten.copy_.default,
-        torch.ops.aten.copy.default,
-        torch.ops.aten.clone.default,
-        torch.ops.aten._to_copy.default,
-        torch.ops.aten.lift_fresh_copy.default,
-        torch.ops.aten.detach_copy.default,
-        torch.ops.aten.alias_copy.default,
-    }
-)
-
-
 class _CallModule(torch.nn.Module):
     def __init__(self, op, sig: CallSignature, outputs, flag):
         super().__init__()
@@ -194,12 +181,12 @@ class _CallModule(torch.nn.Module):
             packed = inputs[pos]
             pos += 1
             ints = [packed[j].item() for j in range(len(sig.ints))]
-        if self.op in _PASS_THROUGH_OPS and len(tensors) > 1:
-            # IREE cannot write a destination straight from another argument
-            # (copy_(dst, src)); a reshape round trip gives it a real copy.
-            tensors[1] = tensors[1].unsqueeze(0).squeeze(0)
-        elif self.op in _PASS_THROUGH_OPS and tensors:
-            tensors[0] = tensors[0].unsqueeze(0).squeeze(0)
+        # IREE cannot write a destination straight from an argument or a view
+        # of one (copy_, clone, view_copy); a reshape round trip on the inputs
+        # the op only reads makes it a real copy, and costs nothing otherwise.
+        for i, spec in enumerate(sig.specs):
+            if i not in sig.mutated:
+                tensors[i] = tensors[i].unsqueeze(0).squeeze(0)
         args, kwargs = rebuild_all(sig, tensors, floats, ints, _CPU)
         if self.flag is not None:
             args, kwargs, out_of_range = index_checks.apply(self.op, args, kwargs)
