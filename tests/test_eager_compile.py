@@ -161,3 +161,13 @@ def test_rejected_op_runs_on_host_and_is_not_retried():
 def test_mixed_devices_still_refused_on_compiled_path():
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         torch.randn(3, device="neuron") * torch.randn(3)
+
+
+def test_second_device_runs_compiled_on_its_own_queue():
+    x = torch.randn(16, 16)
+    n = x.to("neuron:1")
+    y = torch.relu(n @ n)
+    assert y.device == torch.device("neuron:1")
+    assert device_queue(1).launches > 0
+    torch.neuron.synchronize(1)
+    torch.testing.assert_close(y.cpu(), torch.relu(x @ x), rtol=1e-4, atol=1e-4)
