@@ -171,3 +171,12 @@ def test_second_device_runs_compiled_on_its_own_queue():
     assert device_queue(1).launches > 0
     torch.neuron.synchronize(1)
     torch.testing.assert_close(y.cpu(), torch.relu(x @ x), rtol=1e-4, atol=1e-4)
+
+
+def test_equal_and_log10_run_on_device():
+    x = torch.rand(6) + 0.5
+    n = x.neuron()
+    torchneuron.reset_stats()
+    assert torch.equal(n, n.clone()) and not torch.equal(n, n + 1) and not torch.equal(n, n[:3])
+    torch.testing.assert_close(torch.log10(n).cpu(), torch.log10(x))
+    assert torchneuron.fallback_ops() == {}

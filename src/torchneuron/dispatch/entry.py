@@ -77,6 +77,11 @@ def dispatch(op, *args, **kwargs):
     if info.name in _TRANSFERS or (info.name in _COPIES and _crosses_devices(args, kwargs, device)):
         return _transfer(op, info, args, kwargs, device)
     if config.settings.execution == "compile" and not info.seeded:
+        rewrite = _REWRITES.get(info.name)
+        if rewrite is not None:
+            result = rewrite(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
         try:
             return eager.run(op, info, args, kwargs, device)
         except NotCompilable as e:
@@ -90,6 +95,19 @@ def dispatch(op, *args, **kwargs):
     else:
         reason = "random ops use the CPU-compatible generator" if info.seeded else "execution=host"
     return _run_on_host(op, info, args, kwargs, device, reason)
+
+
+def _equal(a, b):
+    """torch.equal as device ops plus one host read (it returns a Python bool)."""
+    if a.device != b.device or a.dtype != b.dtype:
+        return NotImplemented
+    if a.shape != b.shape:
+        return False
+    return bool(torch.ops.aten.eq.Tensor(a, b).all().item())
+
+
+# Ops that are better expressed through other device ops than compiled whole.
+_REWRITES = {"aten.equal.default": _equal}
 
 
 def _transfer(op, info, args, kwargs, device):

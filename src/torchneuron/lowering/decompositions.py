@@ -5,6 +5,7 @@ are traced through PyTorch's own per-tensor kernels into one graph."""
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
@@ -25,6 +26,11 @@ def _squeeze_dims(x, dims):
     dims = {d % x.dim() for d in dims} if x.dim() else set()
     shape = [n for i, n in enumerate(x.shape) if not (i in dims and n == 1)]
     return torch.ops.aten.reshape.default(x, shape)
+
+
+def _log10(x):
+    # IREE's CPU runtime has no log10f.
+    return torch.ops.aten.mul.Tensor(torch.ops.aten.log.default(x), 1.0 / math.log(10.0))
 
 
 def _view_copy_decomposition(view_op):
@@ -66,6 +72,7 @@ def decomposition_table() -> dict:
     table.update(core_aten_decompositions())
     table.update(_view_copies())
     table[torch.ops.aten.squeeze.dims] = _squeeze_dims
+    table[torch.ops.aten.log10.default] = _log10
     for name in dir(torch.ops.aten):
         if not name.startswith("_foreach_") or name.endswith("_"):
             continue
