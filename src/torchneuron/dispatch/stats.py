@@ -15,8 +15,9 @@ fallback_reasons: dict = {}  # op -> why it could not be compiled (first reason 
 
 
 def record(counter: Counter, name: str) -> None:
-    with _lock:
-        counter[name] += 1
+    # On the per-op hot path: a lost increment under free threading would
+    # only skew a statistic, so no lock.
+    counter[name] += 1
 
 
 def snapshot() -> dict:

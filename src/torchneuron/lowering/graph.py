@@ -60,7 +60,7 @@ from .decompositions import decomposition_table
 
 @dataclass
 class LoweredCall:
-    mlir: str
+    mlir: str | None  # None: the call computes nothing (empty results)
     out_specs: tuple  # (shape, dtype) of each new result, allocated by the caller
     flag: int | None  # index in out_specs of the out-of-range-index flag, if the op indexes
     returns: object  # structure of the op's return: ("arg", i) / ("out", j) / None / tuples
@@ -131,12 +131,24 @@ def lower_call(op, info, sig: CallSignature) -> LoweredCall:
     out_specs: list = []
     returns = _returns_template(result, metas, out_specs)
     outputs = _paths_to_outputs(returns)
+    if all(_numel(shape) == 0 for shape, _ in out_specs) and all(
+        _numel(sig.specs[i].shape) == 0 for i in sig.mutated
+    ):
+        # Nothing to compute (every result is empty): no executable at all.
+        return LoweredCall(None, tuple(out_specs), None, returns, what)
     flag = None
     if index_checks.has_checks(op):
         out_specs.append(((), torch.bool))
         flag = len(out_specs) - 1
     mlir = _export_to_mlir(op, sig, out_specs, outputs, flag)
     return LoweredCall(mlir, tuple(out_specs), flag, returns, what)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def rebuild_all(sig, tensors, floats, ints, device):
@@ -185,7 +197,7 @@ class _CallModule(torch.nn.Module):
         # of one (copy_, clone, view_copy); a reshape round trip on the inputs
         # the op only reads makes it a real copy, and costs nothing otherwise.
         for i, spec in enumerate(sig.specs):
-            if i not in sig.mutated:
+            if i not in sig.mutated and tensors[i].numel():
                 tensors[i] = tensors[i].unsqueeze(0).squeeze(0)
         args, kwargs = rebuild_all(sig, tensors, floats, ints, _CPU)
         if self.flag is not None:

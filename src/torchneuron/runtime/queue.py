@@ -20,12 +20,6 @@ _instance = None
 _queues: dict = {}
 
 
-def _to_dlpack(t):
-    from torch.utils.dlpack import to_dlpack
-
-    return to_dlpack(t)
-
-
 def _numel(shape) -> int:
     n = 1
     for s in shape:
@@ -81,11 +75,6 @@ class DeviceQueue:
         self._no_results = ireert.VmVariantList(0)
         self.launches = 0
 
-    def import_readonly(self, host_tensor):
-        """A buffer view over a dense, 64-byte aligned CPU tensor that the
-        executable only reads (DLPack: the cheapest import)."""
-        return self.device.from_dlpack_capsule(_to_dlpack(host_tensor))
-
     def import_memory(self, tensor, byte_offset: int, shape, dtype):
         """A buffer view over `shape` elements of a tensor's storage from
         byte_offset (64-byte aligned), without a copy. Imported with full access:
@@ -119,7 +108,14 @@ class DeviceQueue:
             if config.settings.launch_blocking:
                 self.synchronize()
             elif len(self._pending) > config.settings.max_in_flight:
-                self._wait_for(self._pending[0][0])
+                # Retire what has finished; wait only if the device is behind.
+                try:
+                    reached = self.semaphore.query()
+                except Exception:  # noqa: BLE001 - a failed launch: _wait_for raises it
+                    reached = self.completed
+                self._retire(reached)
+                if len(self._pending) > config.settings.max_in_flight:
+                    self._wait_for(self._pending[0][0])
 
     def synchronize(self) -> None:
         with self._lock:
