@@ -92,6 +92,9 @@ at::Tensor unfold(const at::Tensor& self, int64_t dimension, int64_t size, int64
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
                           std::optional<at::MemoryFormat> memory_format) {
   const c10::DeviceGuard guard(self.device());  // growth allocates on self's device
+  // Growing copies the old contents on the host: queued device work that
+  // writes them must finish first.
+  run_synchronize_callback(self.device().index());
   return at::native::resize_(self, C10_AS_INTARRAYREF_SLOW(size), memory_format);
 }
 

@@ -180,3 +180,10 @@ def test_equal_and_log10_run_on_device():
     assert torch.equal(n, n.clone()) and not torch.equal(n, n + 1) and not torch.equal(n, n[:3])
     torch.testing.assert_close(torch.log10(n).cpu(), torch.log10(x))
     assert torchneuron.fallback_ops() == {}
+
+
+def test_scalars_that_set_result_shapes_stay_constants():
+    # arange's end decides its length: it must not become a runtime input.
+    for end in (6.0, 10.0, 3.0):
+        torch.testing.assert_close(torch.arange(end, device="neuron").cpu(), torch.arange(end))
+    torch.testing.assert_close(torch.linspace(0, 1, 5, device="neuron").cpu(), torch.linspace(0, 1, 5))

@@ -124,3 +124,20 @@ def test_version_counter_detects_bad_inplace_like_cpu():
         view = x[1:3]
         view.add_(1)
         assert x._version == view._version == 1
+
+
+def test_inplace_metadata_ops_change_only_metadata():
+    import torchneuron
+
+    c = torch.arange(12.0).reshape(3, 1, 4)
+    n = c.neuron()
+    torchneuron.reset_stats()
+    for t in (c, n):
+        t.squeeze_(1)
+        t.t_()
+        t.unsqueeze_(0)
+        t.transpose_(0, 2)
+        t.as_strided_((2, 2), (1, 2))
+    assert n.shape == c.shape and n.stride() == c.stride()
+    torch.testing.assert_close(n.cpu(), c)
+    assert torchneuron.fallback_ops() == {} and torchneuron.execution_stats()["ops_compiled"] == 0

@@ -17,7 +17,7 @@ from .. import _C, config
 from .. import runtime
 from ..lowering import NotCompilable
 from . import eager, host_fallback, stats
-from .op_info import op_info
+from .op_info import METADATA_OPS, op_info
 
 _NEURON = "neuron"
 _warned: set = set()
@@ -74,6 +74,8 @@ def dispatch(op, *args, **kwargs):
     info = op_info(op)
     stats.record(stats.dispatched, info.name)
     device = _device_of(args, kwargs, info)
+    if info.metadata_only:
+        return op.redispatch(_COMPOSITE_SLOT, *args, **kwargs)
     if info.name in _TRANSFERS or (info.name in _COPIES and _crosses_devices(args, kwargs, device)):
         return _transfer(op, info, args, kwargs, device)
     if config.settings.execution == "compile" and not info.seeded:
@@ -193,7 +195,7 @@ def _ops_taken_whole() -> list:
             op = _overload(name)
             if (
                 "empty" not in name
-                and name not in _VIEWS_WITHOUT_ALIAS_ANNOTATION
+                and name.split(".")[0] not in METADATA_OPS
                 and not _returns_view(op)
                 and torch.Tag.nondeterministic_seeded not in op.tags
                 and (
@@ -205,8 +207,6 @@ def _ops_taken_whole() -> list:
     return ops
 
 
-# Views whose schema does not say so; their composite kernels make the view.
-_VIEWS_WITHOUT_ALIAS_ANNOTATION = frozenset({"aten::_unsafe_view"})
 
 
 def _overload(qualified: str):

@@ -24,6 +24,14 @@ _CROSS_DEVICE_OPS = frozenset(
 )
 
 
+# Views whose schema does not say so, and in-place ops that change only a
+# tensor's metadata: PyTorch's composite kernels do them without touching data.
+METADATA_OPS = frozenset(
+    {"aten::_unsafe_view", "aten::squeeze_", "aten::unsqueeze_", "aten::transpose_", "aten::t_",
+     "aten::as_strided_", "aten::swapaxes_", "aten::swapdims_", "aten::detach_", "aten::resize_as_"}
+)
+
+
 @dataclass(frozen=True)
 class OpInfo:
     name: str  # "aten.add.Tensor"
@@ -32,6 +40,7 @@ class OpInfo:
     seeded: bool  # draws random numbers
     checks_devices: bool  # all tensor arguments must share one device
     composite_only: bool  # PyTorch's generic kernel, no CPU kernel: can be decomposed on device
+    metadata_only: bool  # changes sizes/strides only (METADATA_OPS)
 
 
 _cache: dict = {}
@@ -55,6 +64,7 @@ def op_info(op) -> OpInfo:
             seeded=torch.Tag.nondeterministic_seeded in op.tags,
             checks_devices=schema.name not in _CROSS_DEVICE_OPS and qualified not in _CROSS_DEVICE_OPS,
             composite_only=_has(qualified, "CompositeExplicitAutograd") and not _has(qualified, "CPU"),
+            metadata_only=schema.name in METADATA_OPS,
         )
         _cache[op] = info
     return info

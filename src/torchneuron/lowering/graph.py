@@ -130,6 +130,8 @@ def lower_call(op, info, sig: CallSignature) -> LoweredCall:
         raise NeedsResize(resized)
     out_specs: list = []
     returns = _returns_template(result, metas, out_specs)
+    if (sig.floats or sig.ints) and not _shapes_independent_of_scalars(op, sig, out_specs):
+        raise NotCompilable("result shapes depend on scalar arguments")
     outputs = _paths_to_outputs(returns)
     if all(_numel(shape) == 0 for shape, _ in out_specs) and all(
         _numel(sig.specs[i].shape) == 0 for i in sig.mutated
@@ -142,6 +144,22 @@ def lower_call(op, info, sig: CallSignature) -> LoweredCall:
         flag = len(out_specs) - 1
     mlir = _export_to_mlir(op, sig, out_specs, outputs, flag)
     return LoweredCall(mlir, tuple(out_specs), flag, returns, what)
+
+
+def _shapes_independent_of_scalars(op, sig, out_specs) -> bool:
+    """Scalars become runtime inputs only if results keep their shapes when
+    the scalars change (not so for arange's end): check with other values."""
+    metas = [_meta(s) for s in sig.specs]
+    floats = [v * 2.0 + 1.5 for v in sig.floats]
+    ints = [v * 2 + 3 for v in sig.ints]
+    try:
+        args, kwargs = rebuild_all(sig, metas, floats, ints, _META)
+        result = op(*args, **kwargs)
+        other: list = []
+        _returns_template(result, metas, other)
+    except Exception:  # noqa: BLE001 - values the op refuses: treat as dependent
+        return False
+    return [s for s, _ in other] == [s for s, _ in out_specs]
 
 
 def _numel(shape) -> int:
