@@ -2,6 +2,16 @@ import os
 
 # Two neuron devices, so cross-device behaviour is tested; set before torch loads.
 os.environ.setdefault("TORCHNEURON_DEVICE_COUNT", "2")
+# A fresh persistent cache per session, so counts of compiles are the same on
+# every run (TORCHNEURON_TEST_CACHE_DIR reuses one across runs, for speed).
+if "TORCHNEURON_TEST_CACHE_DIR" in os.environ:
+    os.environ["TORCHNEURON_CACHE_DIR"] = os.environ["TORCHNEURON_TEST_CACHE_DIR"]
+else:
+    import tempfile
+
+    os.environ["TORCHNEURON_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchneuron-test-cache-")
+os.environ.pop("TORCHNEURON_COMPILE_SERVICE", None)
+os.environ.pop("TORCHNEURON_REMOTE_CACHE", None)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

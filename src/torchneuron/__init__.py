@@ -79,13 +79,23 @@ def execution_stats() -> dict:
 
 
 def compile_stats() -> dict:
-    """The compile path: executable cache (hits, misses, compiles, seconds,
-    bytes), signatures planned, and why ops could not be compiled."""
-    from .cache import executable_cache
+    """The compile path: the in-memory executable cache (hits, misses, compiles
+    here, compile seconds, bytes), where executables came from (`sources`:
+    compiled here, disk, remote, service, peer rank), the disk and remote
+    layers, signatures planned, and why ops could not be compiled."""
+    from .cache import executable_cache, layers
+    from .cache.disk import disk_cache
+    from .cache.remote import remote_store
     from .dispatch import eager
 
+    disk, remote = disk_cache(), remote_store()
+    with layers.stats.lock:
+        sources = dict(layers.stats.counts)
     return {
         **executable_cache().stats(),
+        "sources": sources,
+        **(disk.stats() if disk is not None else {}),
+        **(remote.stats() if remote is not None else {}),
         "signatures": eager.plan_count(),
         "not_compiled": dict(_stats.fallback_reasons),
     }

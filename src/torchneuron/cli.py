@@ -55,6 +55,40 @@ def _conformance(args) -> int:
     return 1 if any(d["fail"] for d in summary.values()) and args.strict else 0
 
 
+def _compile_service(args) -> int:
+    import torchneuron
+    from torchneuron.service import default_address, service_client
+    from torchneuron.service.server import serve
+
+    if args.cache_dir is not None:
+        torchneuron.config.set(cache_dir=args.cache_dir)
+    address = args.listen or default_address()
+    if args.status:
+        torchneuron.config.set(compile_service=address)
+        try:
+            print(json.dumps(service_client().health(), indent=2))
+        except ConnectionError as e:
+            print(f"no compile service at {address}: {e}", file=sys.stderr)
+            return 1
+        return 0
+
+    def ready(addr):
+        print(f"torchneuron compile service listening on {addr} "
+              f"(set TORCHNEURON_COMPILE_SERVICE={addr} in clients)", flush=True)
+
+    try:
+        serve(address, args.workers, ready=ready)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _cache(args) -> int:
+    from torchneuron.cache import cli as cache_cli
+
+    return cache_cli.run(args)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="torchneuron", description="torchneuron: the neuron device for PyTorch")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -74,6 +108,33 @@ def main(argv=None) -> int:
     p.add_argument("--resume", action="store_true", help="keep results already in the JSON report")
     p.add_argument("--strict", action="store_true", help="exit 1 when any op fails")
     p.set_defaults(fn=_conformance)
+    p = sub.add_parser("compile-service", help="pool compiling for every torchneuron process on this host")
+    p.add_argument("--listen", help="unix socket path or host:port (default: a unix socket in the cache directory)")
+    p.add_argument("--workers", type=int, default=None, help="parallel compiles (default: cores minus one)")
+    p.add_argument("--cache-dir", default=None, help="executable cache directory (default: TORCHNEURON_CACHE_DIR)")
+    p.add_argument("--status", action="store_true", help="print a running service's health and statistics")
+    p.set_defaults(fn=_compile_service)
+    p = sub.add_parser("cache", help="inspect and manage the persistent executable cache")
+    csub = p.add_subparsers(dest="action", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    _add = csub.add_parser
+    csub.add_parser = lambda *a, **k: _add(*a, parents=[common], **k)
+    csub.add_parser("stats", help="entries, bytes, plans, the directory and its cap")
+    q = csub.add_parser("list", help="one line per executable, most recently used first")
+    q.add_argument("--limit", type=int, default=50)
+    csub.add_parser("clear", help="delete every entry")
+    q = csub.add_parser("prune", help="evict least recently used entries down to a size")
+    q.add_argument("--max-mb", type=float, default=None, help="target size (default: TORCHNEURON_CACHE_SIZE_MB)")
+    csub.add_parser("verify", help="check every entry's checksum; delete bad ones")
+    q = csub.add_parser("explain", help="the components of a key; --diff A B: why two keys differ")
+    q.add_argument("keys", nargs="+")
+    q.add_argument("--diff", action="store_true")
+    q = csub.add_parser("export", help="write the cache to a .tar.gz to ship to other machines")
+    q.add_argument("file")
+    q = csub.add_parser("import", help="add the entries of an exported .tar.gz (each one verified)")
+    q.add_argument("file")
+    p.set_defaults(fn=_cache)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -32,6 +32,11 @@ def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "torchneuron")
+
+
 @dataclass
 class Settings:
     # Number of neuron devices; each is its own IREE HAL device.
@@ -59,6 +64,28 @@ class Settings:
     # In-memory executable cache bounds.
     cache_max_entries: int = field(default_factory=lambda: _env_int("TORCHNEURON_CACHE_MAX_ENTRIES", 4096))
     cache_max_mb: int = field(default_factory=lambda: _env_int("TORCHNEURON_CACHE_MAX_MB", 1024))
+    # Persistent executable cache shared by the processes of this user on this
+    # host ("" or "off": none).
+    cache_dir: str = field(default_factory=lambda: os.environ.get("TORCHNEURON_CACHE_DIR", _default_cache_dir()))
+    # Size cap of the persistent cache: least recently used entries go first.
+    cache_size_mb: int = field(default_factory=lambda: _env_int("TORCHNEURON_CACHE_SIZE_MB", 4096))
+    # Accept a cache directory that other users can write to (it holds code
+    # this process runs, so it is refused by default).
+    cache_allow_shared: bool = field(default_factory=lambda: _env_int("TORCHNEURON_CACHE_ALLOW_SHARED", 0) != 0)
+    # Seconds to wait for another process compiling the same key before
+    # compiling it here anyway.
+    cache_lock_timeout: float = field(default_factory=lambda: float(_env_int("TORCHNEURON_CACHE_LOCK_TIMEOUT", 300)))
+    # The shared compile service: a unix socket path or host:port ("": none).
+    compile_service: str = field(default_factory=lambda: os.environ.get("TORCHNEURON_COMPILE_SERVICE", ""))
+    # A remote executable store shared across hosts: redis://host:port/db ("": none).
+    remote_cache: str = field(default_factory=lambda: os.environ.get("TORCHNEURON_REMOTE_CACHE", ""))
+    # Inside a torch.distributed job: one rank compiles each key and publishes
+    # it through the job's store, the others fetch it.
+    leader_compile: bool = field(default_factory=lambda: _env_int("TORCHNEURON_LEADER_COMPILE", 1) != 0)
+    # Seconds a rank waits for the leader's executable before compiling itself.
+    leader_timeout: float = field(default_factory=lambda: float(_env_int("TORCHNEURON_LEADER_TIMEOUT", 300)))
+    # Progress line for bursts of compiles: auto (on a terminal), on, off.
+    progress: str = field(default_factory=lambda: _env_choice("TORCHNEURON_PROGRESS", "auto", ("auto", "on", "off")))
 
 
 settings = Settings()

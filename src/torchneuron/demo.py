@@ -34,7 +34,14 @@ def main(argv=None) -> int:
         if step % 5 == 0 or step == args.steps - 1:
             print(f"step {step:3d}  loss {loss:.4f}  step time {times[-1] * 1000:7.1f} ms")
 
-    losses = train_gpt(args.device, args.steps, cfg=cfg, on_step=on_step)
+    setup = []
+
+    def on_ready():
+        now = time.perf_counter()
+        setup.append(now - last[0])
+        last[0] = now
+
+    losses = train_gpt(args.device, args.steps, cfg=cfg, on_step=on_step, on_ready=on_ready)
     torch.neuron.synchronize()
     stats = torchneuron.execution_stats()
     fallback = torchneuron.fallback_ops()
@@ -45,7 +52,9 @@ def main(argv=None) -> int:
     print("=" * 64)
     print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps "
           f"(execution: {torchneuron.config.settings.execution})")
-    print(f"first step {times[0] * 1000:.1f} ms, steady-state step (median) {steady * 1000:.1f} ms")
+    print(f"model and optimizer set-up {setup[0] * 1000:.1f} ms")
+    print(f"first step {times[0] * 1000:.1f} ms, steady-state step (median) {steady * 1000:.1f} ms "
+          f"(first/steady {times[0] / steady:.2f}x)")
     print(f"ops dispatched to neuron : {stats['ops_dispatched']} ({stats['distinct_ops']} distinct)")
     if compute:
         print(f"ops run compiled         : {stats['ops_compiled']} "
@@ -54,7 +63,10 @@ def main(argv=None) -> int:
           f"({stats['distinct_fallback_ops']} distinct)")
     print(f"host reads and copies    : {stats['transfers']}")
     print(f"executables compiled     : {compile_stats['compiles']} in {compile_stats['compile_seconds']:.1f} s "
-          f"({compile_stats['hits']} cache hits, {compile_stats['signatures']} op signatures)")
+          f"({compile_stats['hits']} in-memory hits, {compile_stats['signatures']} op signatures)")
+    loaded = {k: v for k, v in compile_stats["sources"].items() if v and k != "compiled"}
+    if loaded:
+        print("executables reused       : " + ", ".join(f"{v} from {k}" for k, v in loaded.items()))
     print(f"memory: {torch.neuron.memory_allocated() / 2**20:.1f} MiB allocated, "
           f"peak {torch.neuron.max_memory_allocated() / 2**20:.1f} MiB")
     top = sorted(fallback.items(), key=lambda kv: -kv[1])[:8]

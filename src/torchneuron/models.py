@@ -106,7 +106,7 @@ def char_dataset(text: str, block_size: int, batch: int, steps: int, seed: int =
 
 
 def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = None, batch: int = 8,
-              optimizer: str = "adamw", on_step=None, foreach: bool | None = None) -> list:
+              optimizer: str = "adamw", on_step=None, foreach: bool | None = None, on_ready=None) -> list:
     """Train a fresh GPT for `steps` steps on `device`; returns the losses.
 
     `foreach` picks the optimizer and clipping implementation (None: PyTorch's
@@ -122,6 +122,8 @@ def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = No
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, foreach=foreach)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=foreach)
+    if on_ready is not None:
+        on_ready()  # the model and optimizer exist: training starts
     losses = []
     text = SAMPLE_TEXT * 4
     for step, (x, y) in enumerate(char_dataset(text, cfg.block_size, batch, steps, seed)):

@@ -1,5 +1,6 @@
 """In-memory executable cache: LRU bounded by entries and bytes; concurrent
-requests for one key compile once; statistics."""
+requests for one key compile once; statistics. Misses go down the layers
+(disk, remote, service, compiler) in `layers.py`."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ class ExecutableCache:
 
     def get_or_compile(self, key: str, compile_fn, submit) -> Future:
         """A future of the value for key. On a miss, `submit(compile_fn)` starts
-        the compile (compile_fn returns (value, nbytes, seconds)); concurrent
-        misses on one key share that compile."""
+        the compile (compile_fn returns (value, nbytes, seconds, source), source
+        saying which layer produced it); concurrent misses on one key share it."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
@@ -48,7 +49,7 @@ class ExecutableCache:
 
         def run():
             try:
-                value, nbytes, seconds = compile_fn()
+                value, nbytes, seconds, source = compile_fn()
             except BaseException as e:  # noqa: BLE001 - handed to every waiter
                 with self._lock:
                     self.failures += 1
@@ -56,16 +57,35 @@ class ExecutableCache:
                 result.set_exception(e)
                 return
             with self._lock:
-                self.compiles += 1
-                self.compile_seconds += seconds
-                self._entries[key] = (value, nbytes)
-                self.bytes += nbytes
+                if source == "compiled":
+                    self.compiles += 1
+                    self.compile_seconds += seconds
+                self._insert(key, value, nbytes)
                 del self._pending[key]
-                self._evict()
             result.set_result(value)
 
         submit(run)
         return result
+
+    def get(self, key: str):
+        """The value for key, or None; counts a hit."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry[0]
+
+    def put(self, key: str, value, nbytes: int) -> None:
+        with self._lock:
+            if key not in self._entries:
+                self._insert(key, value, nbytes)
+
+    def _insert(self, key, value, nbytes) -> None:
+        self._entries[key] = (value, nbytes)
+        self.bytes += nbytes
+        self._evict()
 
     def _evict(self) -> None:
         while self._entries and (len(self._entries) > self.max_entries or self.bytes > self.max_bytes):

@@ -45,11 +45,12 @@ def target_flags(driver: str | None = None) -> tuple:
     return backend, tuple(flags)
 
 
-def compile_mlir(mlir: str, what: str, driver: str | None = None) -> tuple:
-    """Compile MLIR text; returns (vmfb bytes, seconds). Raises CompileError."""
+def compile_mlir(mlir: str, what: str, driver: str | None = None, target: tuple | None = None) -> tuple:
+    """Compile MLIR text for a driver, or for an explicit (backend, flags)
+    target; returns (vmfb bytes, seconds). Raises CompileError."""
     import iree.compiler as ireec
 
-    backend, flags = target_flags(driver)
+    backend, flags = target or target_flags(driver)
     start = time.perf_counter()
     try:
         vmfb = ireec.compile_str(

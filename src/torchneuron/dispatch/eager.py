@@ -14,11 +14,15 @@ from collections import OrderedDict
 import torch
 
 from ..cache import cache_key, executable_cache
-from ..compiler import CompileError, compile_mlir, compile_pool, target_flags
+from ..cache import layers
+from ..cache.disk import disk_cache
+from ..cache.key import plan_id
+from ..compiler import CompileError, compile_pool, target_flags
+from ..compiler.progress import progress
 from ..lowering import NeedsResize, NotCompilable, lower_call, signature_of
 from ..lowering.call import baked_ops
 from ..runtime import LoadedExecutable, device_queue, user_source_line
-from . import stats
+from . import stats, warm_start
 
 
 class Plan:
@@ -55,7 +59,7 @@ _plans_lock = threading.Lock()
 _MAX_PLANS = 16384
 
 
-def _build_plan(op, info, sig):
+def _build_plan(op, info, sig, target):
     try:
         lowered = lower_call(op, info, sig)
     except NotCompilable:
@@ -66,12 +70,12 @@ def _build_plan(op, info, sig):
         raise
     if lowered.mlir is None:
         return Plan(None, lowered.out_specs, None, lowered.returns, lowered.what)
-    backend, flags = target_flags()
-    key = cache_key(lowered.mlir, backend, flags)
+    key = cache_key(lowered.mlir, *target)
 
     def compile_executable():
-        vmfb, seconds = compile_mlir(lowered.mlir, lowered.what)
-        return LoadedExecutable(vmfb, key, lowered.what), len(vmfb), seconds
+        with progress.compiling():
+            vmfb, seconds, source = layers.fetch_or_compile(key, lowered.mlir, lowered.what, target)
+        return LoadedExecutable(vmfb, key, lowered.what), len(vmfb), seconds, source
 
     future = executable_cache().get_or_compile(key, compile_executable, compile_pool().submit)
     try:
@@ -85,19 +89,108 @@ class _Retry(Exception):
     pass
 
 
+# -- plans on disk: a restarted process lowers nothing it lowered before ------
+
+def _record_of(plan) -> dict:
+    if type(plan) is _Rejected:
+        return {"kind": "rejected", "reason": plan.reason}
+    return {
+        "kind": "plan",
+        "executable": plan.executable.key if plan.executable is not None else None,
+        "out_specs": [[list(shape), str(dtype).replace("torch.", "")] for shape, dtype in plan.out_specs],
+        "flag": plan.flag,
+        "returns": plan.returns,
+        "what": plan.what,
+    }
+
+
+class _Bake:
+    """Stored verdict: this op's scalars must be constants (see _build_plan)."""
+
+
+def plan_from_record(record, disk):
+    """The plan a stored record describes; None when it cannot be used (its
+    executable was evicted, or the record is malformed): lower again."""
+    if record is None:
+        return None
+    try:
+        kind = record["kind"]
+        if kind == "rejected":
+            return _Rejected(str(record["reason"]))
+        if kind == "bake":
+            return _Bake()
+        out_specs = tuple((tuple(shape), getattr(torch, dtype)) for shape, dtype in record["out_specs"])
+        key, what = record["executable"], str(record["what"])
+        if key is None:
+            return Plan(None, out_specs, None, record["returns"], what)
+        executable = executable_cache().get(key)
+        if executable is None:
+            vmfb = disk.get_executable(key)
+            if vmfb is None:
+                return None
+            layers.stats.add("disk")
+            executable = LoadedExecutable(vmfb, key, what)
+            executable_cache().put(key, executable, len(vmfb))
+        return Plan(executable, out_specs, record["flag"], record["returns"], what)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _plan_of(record, info, disk):
+    plan = plan_from_record(record, disk)
+    if type(plan) is _Bake:
+        baked_ops.add(info.name)
+        raise _Retry()
+    return plan
+
+
+def _new_plan(op, info, sig):
+    target = target_flags()
+    disk = disk_cache()
+    pid = plan_id(sig.key, *target) if disk is not None else None
+    if pid is None:
+        return _build_or_reject(op, info, sig, target)
+    warm_start.record(pid)
+    plan = warm_start.take(pid)
+    if type(plan) is _Bake:
+        plan = None
+    if plan is None:
+        plan = _plan_of(disk.get_plan(pid), info, disk)
+    if plan is not None:
+        return plan
+    # One process per signature per host lowers it; the others wait and read.
+    with disk.lock("plan-" + pid):
+        plan = _plan_of(disk.get_plan(pid), info, disk)
+        if plan is None:
+            try:
+                plan = _build_or_reject(op, info, sig, target)
+            except _Retry:
+                disk.put_plan(pid, {"kind": "bake"})
+                raise
+            disk.put_plan(pid, _record_of(plan))
+    return plan
+
+
+def _build_or_reject(op, info, sig, target):
+    try:
+        return _build_plan(op, info, sig, target)
+    except NeedsResize:
+        raise
+    except NotCompilable as e:
+        return _Rejected(str(e))
+
+
 def plan_for(op, info, args, kwargs):
     """(plan, signature); raises NotCompilable when this call cannot be compiled."""
     sig = signature_of(op, info, args, kwargs)
     plan = _plans.get(sig.key)
     if plan is None:
         try:
-            plan = _build_plan(op, info, sig)
+            plan = _new_plan(op, info, sig)
         except _Retry:
             return plan_for(op, info, args, kwargs)
         except NeedsResize as e:
             plan = _ResizeFirst(e.shapes)
-        except NotCompilable as e:
-            plan = _Rejected(str(e))
         with _plans_lock:
             _plans[sig.key] = plan
             if len(_plans) > _MAX_PLANS:

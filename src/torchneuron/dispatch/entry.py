@@ -16,7 +16,7 @@ import torch
 from .. import _C, config
 from .. import runtime
 from ..lowering import NotCompilable
-from . import eager, host_fallback, stats
+from . import eager, host_fallback, stats, warm_start
 from .op_info import METADATA_OPS, op_info
 
 _NEURON = "neuron"
@@ -74,6 +74,8 @@ def dispatch(op, *args, **kwargs):
     info = op_info(op)
     stats.record(stats.dispatched, info.name)
     device = _device_of(args, kwargs, info)
+    if not warm_start._started:
+        warm_start.begin(device.index if device.index is not None else 0)
     if info.metadata_only:
         return op.redispatch(_COMPOSITE_SLOT, *args, **kwargs)
     if info.name in _TRANSFERS or (info.name in _COPIES and _crosses_devices(args, kwargs, device)):

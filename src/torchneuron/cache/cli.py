@@ -1,0 +1,172 @@
+"""`torchneuron cache ...`: look inside the persistent cache and manage it."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tarfile
+import time
+
+from .disk import DiskCache, disk_cache
+
+_EXE_NAME = re.compile(r"^exe/[0-9a-f]{2}/([0-9a-f]{64})\.(vmfb|json)$")
+_PLAN_NAME = re.compile(r"^plan/[0-9a-f]{2}/([0-9a-f]{64})\.json$")
+
+
+def _out(args, data, text: str) -> None:
+    print(json.dumps(data, indent=2, default=str) if args.json else text)
+
+
+def _short(text: str, n: int = 100) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _resolve(disk: DiskCache, prefix: str) -> str:
+    matches = [k for k, _, _, _ in disk.entries() if k.startswith(prefix)]
+    if len(matches) != 1:
+        raise SystemExit(f"torchneuron cache: {len(matches)} entries match {prefix!r}")
+    return matches[0]
+
+
+def run(args) -> int:
+    disk = disk_cache()
+    if disk is None:
+        print("the persistent cache is off (TORCHNEURON_CACHE_DIR is empty or 'off')", file=sys.stderr)
+        return 1
+    action = args.action
+    if action == "stats":
+        entries = disk.entries()
+        data = {
+            "directory": disk.root,
+            "executables": len(entries),
+            "bytes": sum(e[2] for e in entries),
+            "cap_bytes": disk.max_bytes,
+            "plans": disk.plan_count(),
+            "writable": disk.writable,
+            "compile_seconds_saved_per_reuse": round(sum((e[1] or {}).get("compile_seconds", 0) for e in entries), 1),
+        }
+        _out(args, data, "\n".join(f"{k:32s} {v}" for k, v in data.items()))
+    elif action == "list":
+        entries = sorted(disk.entries(), key=lambda e: -e[3])[: args.limit]
+        rows = [{"key": k, "bytes": size, "last_used": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(used)),
+                 "compile_seconds": (m or {}).get("compile_seconds"), "what": (m or {}).get("what", "?")}
+                for k, m, size, used in entries]
+        _out(args, rows, "\n".join(f"{r['key'][:16]}  {r['bytes']:>9d} B  {r['last_used']}  "
+                                   f"{r['compile_seconds'] or 0:6.2f} s  {_short(r['what'])}" for r in rows))
+    elif action == "clear":
+        n = disk.clear()
+        _out(args, {"deleted": n}, f"deleted {n} executables and every plan from {disk.root}")
+    elif action == "prune":
+        target = int(args.max_mb * 1024 * 1024) if args.max_mb is not None else disk.max_bytes
+        n = disk.prune(target)
+        _out(args, {"evicted": n, "bytes": disk.total_bytes()}, f"evicted {n} executables; {disk.total_bytes()} bytes left")
+    elif action == "verify":
+        good, bad = disk.verify()
+        _out(args, {"good": good, "bad": bad}, f"{good} entries verified, {bad} bad entries deleted")
+        return 1 if bad else 0
+    elif action == "explain":
+        return _explain(args, disk)
+    elif action == "export":
+        n = export(disk, args.file)
+        _out(args, {"exported": n}, f"exported {n} files to {args.file}")
+    elif action == "import":
+        exes, plans, rejected = import_(disk, args.file)
+        _out(args, {"executables": exes, "plans": plans, "rejected": rejected},
+             f"imported {exes} executables and {plans} plans; rejected {rejected} bad members")
+        return 1 if rejected else 0
+    return 0
+
+
+def _explain(args, disk: DiskCache) -> int:
+    keys = [_resolve(disk, k) for k in args.keys]
+    comps = []
+    for key in keys:
+        meta = disk.read_meta(key) or {}
+        comps.append(dict(meta.get("components") or {}, op=meta.get("what")))
+        if not args.diff:
+            data = {"key": key, "what": meta.get("what"), "components": {k: v for k, v in comps[-1].items() if k != "op"},
+                    "compile_seconds": meta.get("compile_seconds"), "bytes": meta.get("size")}
+            _out(args, data, "\n".join(f"{k:16s} {v}" for k, v in data.items() if k != "components")
+                 + "\n" + "\n".join(f"  {k:14s} {v}" for k, v in data["components"].items()))
+    if args.diff:
+        if len(keys) != 2:
+            raise SystemExit("torchneuron cache explain --diff takes two keys")
+        a, b = comps
+        diff = {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+        _out(args, diff, "the keys do not differ in any recorded component" if not diff else
+             "\n".join(f"{k}:\n  A: {va}\n  B: {vb}" for k, (va, vb) in diff.items()))
+    return 0
+
+
+def export(disk: DiskCache, path: str) -> int:
+    """Every complete entry and plan into a .tar.gz; returns files written."""
+    n = 0
+    with tarfile.open(path, "w:gz") as tar:
+        for key, meta, _, _ in disk.entries():
+            if meta is None:
+                continue
+            for suffix in (".vmfb", ".json"):
+                tar.add(disk._path("exe", key, suffix), arcname=f"exe/{key[:2]}/{key}{suffix}")
+                n += 1
+        import os
+
+        base = os.path.join(disk.root, "plan")
+        for sub in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+            for name in sorted(os.listdir(os.path.join(base, sub))):
+                if _PLAN_NAME.match(f"plan/{sub}/{name}"):
+                    tar.add(os.path.join(base, sub, name), arcname=f"plan/{sub}/{name}")
+                    n += 1
+    return n
+
+
+def import_(disk: DiskCache, path: str) -> tuple:
+    """Add an export's entries, each checked; nothing is extracted by name.
+    Returns (executables, plans, rejected members)."""
+    import hashlib
+
+    exes: dict = {}
+    plans = rejected = 0
+    with tarfile.open(path, "r:gz") as tar:
+        for member in tar:
+            if not member.isfile():
+                rejected += 1
+                continue
+            data = tar.extractfile(member).read()
+            m = _EXE_NAME.match(member.name)
+            if m:
+                exes.setdefault(m.group(1), {})[m.group(2)] = data
+                continue
+            m = _PLAN_NAME.match(member.name)
+            if m:
+                try:
+                    stored = json.loads(data)
+                    record = stored["record"]
+                    check = hashlib.sha256(json.dumps(record, sort_keys=True, separators=(",", ":")).encode())
+                    if stored["sha256"] != check.hexdigest():
+                        raise ValueError
+                except (ValueError, KeyError, TypeError):
+                    rejected += 1
+                    continue
+                disk.put_plan(m.group(1), record)
+                plans += 1
+                continue
+            rejected += 1
+    imported = 0
+    for key, parts in exes.items():
+        try:
+            meta = json.loads(parts["json"])
+            vmfb = parts["vmfb"]
+            ok = meta.get("key") == key and meta.get("sha256") == hashlib.sha256(vmfb).hexdigest()
+        except (KeyError, ValueError, AttributeError):
+            ok = False
+        if not ok:
+            rejected += 1
+            continue
+        meta = {k: v for k, v in meta.items() if k not in ("key", "size", "sha256", "created")}
+        disk.put_executable(key, vmfb, meta)
+        imported += 1
+    return imported, plans, rejected
+
+
+__all__ = ["export", "import_", "run"]

@@ -1,0 +1,93 @@
+"""Finding an executable by key, through every layer, compiling as a last resort:
+
+    disk (this host) -> remote store (other hosts) -> compile service (pooled
+    compiling for this host) -> compile here, one process per key per host
+    (or, inside a torch.distributed job, one rank per key for the job)
+
+Each layer that misses is filled on the way back, so the next process stops
+earlier. Every execution mode (eager, adaptive, torch.compile) comes here
+through the in-memory cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+from . import leader
+from .disk import disk_cache
+from .key import key_components
+from .remote import remote_store
+
+
+class LayerStats:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.counts = {"compiled": 0, "disk": 0, "remote": 0, "service": 0, "peer": 0}
+
+    def add(self, source: str) -> None:
+        with self.lock:
+            self.counts[source] = self.counts.get(source, 0) + 1
+
+
+stats = LayerStats()
+
+
+def fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service: bool = True) -> tuple:
+    """(vmfb, compile seconds, source); source is where the executable came
+    from: disk, remote, service, peer (another rank) or compiled (here)."""
+    from ..compiler import compile_mlir
+    from ..service import ServiceUnavailable, service_client
+
+    disk = disk_cache()
+    remote = remote_store()
+    if disk is not None:
+        vmfb = disk.get_executable(key)
+        if vmfb is not None:
+            stats.add("disk")
+            return vmfb, 0.0, "disk"
+    if remote is not None:
+        vmfb = remote.get(key)
+        if vmfb is not None:
+            if disk is not None:
+                disk.put_executable(key, vmfb, {"what": what, "source": "remote"})
+            stats.add("remote")
+            return vmfb, 0.0, "remote"
+    client = service_client() if use_service else None
+    if client is not None:
+        try:
+            vmfb, seconds, _ = client.compile(key, mlir, what, target)
+        except ServiceUnavailable:
+            pass  # compile here (the client warned once)
+        else:
+            if disk is not None and not disk.has_executable(key):
+                disk.put_executable(key, vmfb, _meta(mlir, what, target, seconds))
+            stats.add("service")
+            return vmfb, seconds, "service"
+
+    def compile_here() -> tuple:
+        # One process per key per host: the others wait, then read the disk.
+        with disk.lock("exe-" + key) if disk is not None else contextlib.nullcontext(False):
+            if disk is not None:
+                vmfb = disk.get_executable(key)
+                if vmfb is not None:
+                    return vmfb, 0.0, "disk"
+            vmfb, seconds = compile_mlir(mlir, what, target=target)
+            if disk is not None:
+                disk.put_executable(key, vmfb, _meta(mlir, what, target, seconds))
+            if remote is not None:
+                remote.put(key, vmfb, what=what)
+            return vmfb, seconds, "compiled"
+
+    if leader.active():
+        vmfb, seconds, source = leader.compile_or_fetch(key, compile_here)
+        if source == "peer" and disk is not None and not disk.has_executable(key):
+            disk.put_executable(key, vmfb, {"what": what, "source": "peer"})
+    else:
+        vmfb, seconds, source = compile_here()
+    stats.add(source)
+    return vmfb, seconds, source
+
+
+def _meta(mlir: str, what: str, target: tuple, seconds: float) -> dict:
+    return {"what": what, "compile_seconds": round(seconds, 4), "components": key_components(mlir, *target)}

@@ -1,0 +1,63 @@
+"""A progress line for bursts of compiles (pending, done, seconds), shown on a
+terminal only: nothing is written when stderr is a file or a pipe."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+
+from .. import config
+
+
+def _enabled() -> bool:
+    mode = config.settings.progress
+    if mode == "auto":
+        return sys.stderr.isatty()
+    return mode == "on"
+
+
+class CompileProgress:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._bar = None
+        self.pending = 0
+        self.done = 0
+
+    @contextlib.contextmanager
+    def compiling(self):
+        self._start()
+        try:
+            yield
+        finally:
+            self._finish()
+
+    def _start(self) -> None:
+        with self._lock:
+            self.pending += 1
+            if self._bar is None and _enabled():
+                from tqdm import tqdm
+
+                # delay: a burst that finishes within half a second shows nothing.
+                self._bar = tqdm(total=0, desc="neuron: compiling", unit=" executables", file=sys.stderr,
+                                 delay=0.5, leave=False, dynamic_ncols=True,
+                                 bar_format="{desc} {n_fmt}/{total_fmt} done, {postfix} [{elapsed}]")
+            if self._bar is not None:
+                self._bar.total = self.done + self.pending
+                self._bar.set_postfix_str(f"{self.pending} pending", refresh=False)
+
+    def _finish(self) -> None:
+        with self._lock:
+            self.pending -= 1
+            self.done += 1
+            if self._bar is not None:
+                self._bar.set_postfix_str(f"{self.pending} pending", refresh=False)
+                self._bar.update(1)
+                if self.pending == 0:
+                    self._bar.close()
+                    self._bar = None
+            if self.pending == 0:
+                self.done = 0
+
+
+progress = CompileProgress()

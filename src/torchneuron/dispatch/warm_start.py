@@ -1,0 +1,118 @@
+"""Warm start: a restarted program finds its op plans loaded before it needs them.
+
+Each program (by its script path) keeps a manifest in the disk cache of the
+plans it used, in first-use order. The next run of that program starts a
+background thread at its first neuron op (typically `model.to("neuron")`) that
+reads those plans and their executables from disk and loads them onto the
+device while the program is still setting up, so its first step finds them
+in memory instead of on disk.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import sys
+import threading
+
+_MAX_MANIFEST = 4096
+
+_used: list = []  # plan ids this process planned, in first-use order
+_seen: set = set()
+_preloaded: dict = {}  # plan id -> plan, loaded ahead of need
+_lock = threading.Lock()
+_started = False
+_atexit_registered = False
+
+
+def _manifest_path(disk) -> str:
+    program = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] not in ("", "-c", "-m") else "interactive"
+    name = hashlib.sha256(program.encode()).hexdigest()[:32]
+    return os.path.join(disk.root, "warm", name + ".json")
+
+
+def record(plan_id: str) -> None:
+    """Note that this process uses plan_id (once per plan, not per call)."""
+    global _atexit_registered
+    if plan_id in _seen:
+        return
+    _seen.add(plan_id)
+    _used.append(plan_id)
+    if not _atexit_registered:
+        _atexit_registered = True
+        atexit.register(save)
+
+
+def save() -> None:
+    from ..cache.disk import disk_cache
+
+    try:
+        disk = disk_cache()
+    except Exception:  # noqa: BLE001 - nothing to report to at exit
+        return
+    if disk is None or not disk.writable or not _used:
+        return
+    path = _manifest_path(disk)
+    previous = _read(path)
+    ids = list(_used) + [p for p in previous if p not in _seen]
+    try:
+        disk._write_atomic(path, json.dumps(ids[:_MAX_MANIFEST]).encode())
+    except OSError:
+        pass
+
+
+def _read(path: str) -> list:
+    try:
+        with open(path, "rb") as f:
+            ids = json.loads(f.read())
+        return [p for p in ids if isinstance(p, str)] if isinstance(ids, list) else []
+    except (OSError, ValueError):
+        return []
+
+
+def begin(device_index: int) -> None:
+    """Start preloading this program's plans (once per process)."""
+    global _started
+    if _started:
+        return
+    _started = True
+    from ..cache.disk import disk_cache
+
+    try:
+        disk = disk_cache()
+    except Exception:  # noqa: BLE001 - the first op reports a bad cache directory
+        return
+    if disk is None:
+        return
+    ids = _read(_manifest_path(disk))
+    if ids:
+        threading.Thread(target=_preload, args=(disk, ids, device_index), name="neuron-warm-start",
+                         daemon=True).start()
+
+
+def _preload(disk, ids: list, device_index: int) -> None:
+    from ..runtime import device_queue
+    from .eager import plan_from_record
+
+    try:
+        queue = device_queue(device_index)
+        for pid in ids:
+            plan = plan_from_record(disk.get_plan(pid), disk)
+            if plan is None:
+                continue
+            if getattr(plan, "executable", None) is not None:
+                plan.executable.entry(queue)
+            with _lock:
+                _preloaded[pid] = plan
+    except Exception:  # noqa: BLE001 - an optimization: the program loads on demand instead
+        return
+
+
+def take(plan_id: str):
+    """The preloaded plan for plan_id, or None."""
+    if not _preloaded:
+        return None
+    with _lock:
+        return _preloaded.pop(plan_id, None)
