@@ -10,6 +10,7 @@ else:
     import tempfile
 
     os.environ["TORCHNEURON_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchneuron-test-cache-")
+    _SESSION_CACHE = os.environ["TORCHNEURON_CACHE_DIR"]
 os.environ.pop("TORCHNEURON_COMPILE_SERVICE", None)
 os.environ.pop("TORCHNEURON_REMOTE_CACHE", None)
 
@@ -17,6 +18,13 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import torchneuron  # noqa: E402
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if "_SESSION_CACHE" in globals():
+        import shutil
+
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -227,7 +227,7 @@ class DiskCache:
             lock = filelock.FileLock(os.path.join(self.root, "locks", name + ".lock"), timeout=timeout)
             lock.acquire()
         except filelock.Timeout:
-            self._warn_once("lock", f"neuron: waited {timeout:.0f} s for another process compiling the same "
+            self._warn_once("lock", f"neuron: waited {timeout:g} s for another process compiling the same "
                                     "executable; compiling it here too")
             yield False
             return

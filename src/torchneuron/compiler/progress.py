@@ -17,10 +17,16 @@ def _enabled() -> bool:
     return mode == "on"
 
 
+# Eager code compiles one op at a time with lowering in between: a burst ends
+# only after this long without a compile.
+_IDLE_END = 1.0
+
+
 class CompileProgress:
     def __init__(self):
         self._lock = threading.Lock()
         self._bar = None
+        self._closer = None
         self.pending = 0
         self.done = 0
 
@@ -34,6 +40,9 @@ class CompileProgress:
 
     def _start(self) -> None:
         with self._lock:
+            if self._closer is not None:
+                self._closer.cancel()
+                self._closer = None
             self.pending += 1
             if self._bar is None and _enabled():
                 from tqdm import tqdm
@@ -53,11 +62,19 @@ class CompileProgress:
             if self._bar is not None:
                 self._bar.set_postfix_str(f"{self.pending} pending", refresh=False)
                 self._bar.update(1)
-                if self.pending == 0:
-                    self._bar.close()
-                    self._bar = None
             if self.pending == 0:
-                self.done = 0
+                self._closer = threading.Timer(_IDLE_END, self._end_burst)
+                self._closer.daemon = True
+                self._closer.start()
+
+    def _end_burst(self) -> None:
+        with self._lock:
+            if self.pending:
+                return
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+            self.done = 0
 
 
 progress = CompileProgress()

@@ -167,8 +167,15 @@ def _new_plan(op, info, sig):
             except _Retry:
                 disk.put_plan(pid, {"kind": "bake"})
                 raise
-            disk.put_plan(pid, _record_of(plan))
+            if _deterministic(plan):
+                disk.put_plan(pid, _record_of(plan))
     return plan
+
+
+def _deterministic(plan) -> bool:
+    """Whether a verdict holds for every process: a compiler that crashed
+    (killed, out of memory or disk) says nothing about the op."""
+    return type(plan) is not _Rejected or "Error code: -" not in plan.reason
 
 
 def _build_or_reject(op, info, sig, target):
