@@ -75,7 +75,12 @@ class ServiceClient:
         if reply.get("status") == "compile_error":
             raise CompileError(what, reply.get("diagnostic", ""))
         if reply.get("status") != "ok":
-            raise ServiceUnavailable(reply.get("error", "the compile service refused the request"))
+            error = reply.get("error", "the compile service refused the request")
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"neuron: the compile service {self.address} refused a request ({error}); "
+                              "compiling locally", RuntimeWarning, stacklevel=3)
+            raise ServiceUnavailable(error)
         try:
             vmfb, _ = entry.unpack(data, key)
         except entry.CorruptEntry as e:
@@ -83,7 +88,9 @@ class ServiceClient:
         return vmfb, float(reply.get("seconds", 0.0)), reply.get("source", "compiled")
 
     def health(self) -> dict:
-        return self.call({"op": "health"})[0]
+        reply = self.call({"op": "health"})[0]
+        reply.pop("payload", None)
+        return reply
 
 
 _client: ServiceClient | None = None

