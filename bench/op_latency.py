@@ -12,6 +12,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+# An empty persistent cache, so cold figures are cold (set before torch loads).
+import tempfile  # noqa: E402
+
+os.environ.setdefault("TORCHNEURON_CACHE_DIR", tempfile.mkdtemp(prefix="tn-bench-"))
 from report import command_line, machine, time_interleaved, write_section  # noqa: E402
 
 import torchneuron  # noqa: E402

@@ -91,11 +91,12 @@ class _Retry(Exception):
 
 # -- plans on disk: a restarted process lowers nothing it lowered before ------
 
-def _record_of(plan) -> dict:
+def _record_of(plan, op) -> dict:
     if type(plan) is _Rejected:
-        return {"kind": "rejected", "reason": plan.reason}
+        return {"kind": "rejected", "reason": plan.reason, "op": op.name()}
     return {
         "kind": "plan",
+        "op": op.name(),
         "executable": plan.executable.key if plan.executable is not None else None,
         "out_specs": [[list(shape), str(dtype).replace("torch.", "")] for shape, dtype in plan.out_specs],
         "flag": plan.flag,
@@ -168,7 +169,7 @@ def _new_plan(op, info, sig):
                 disk.put_plan(pid, {"kind": "bake"})
                 raise
             if _deterministic(plan):
-                disk.put_plan(pid, _record_of(plan))
+                disk.put_plan(pid, _record_of(plan, op))
     return plan
 
 

@@ -93,21 +93,44 @@ def begin(device_index: int) -> None:
 
 
 def _preload(disk, ids: list, device_index: int) -> None:
+    from ..cache.key import code_fingerprint
     from ..runtime import device_queue
     from .eager import plan_from_record
 
     try:
+        code_fingerprint()  # hashes the sources once: off the first step's path
         queue = device_queue(device_index)
         for pid in ids:
-            plan = plan_from_record(disk.get_plan(pid), disk)
+            record = disk.get_plan(pid)
+            plan = plan_from_record(record, disk)
             if plan is None:
                 continue
+            _describe_op(record.get("op"))
             if getattr(plan, "executable", None) is not None:
                 plan.executable.entry(queue)
             with _lock:
                 _preloaded[pid] = plan
     except Exception:  # noqa: BLE001 - an optimization: the program loads on demand instead
         return
+
+
+def _describe_op(name) -> None:
+    """Fill the per-op tables the first call of an op would otherwise build."""
+    import torch
+
+    from ..lowering.call import param_arg_names
+    from .op_info import op_info
+
+    if not isinstance(name, str) or "::" not in name:
+        return
+    ns, _, qualified = name.partition("::")
+    opname, _, overload = qualified.partition(".")
+    try:
+        op = getattr(getattr(getattr(torch.ops, ns), opname), overload or "default")
+    except (AttributeError, RuntimeError):
+        return
+    op_info(op)
+    param_arg_names(op)
 
 
 def take(plan_id: str):

@@ -106,10 +106,17 @@ def _tensor_spec(t: torch.Tensor) -> TensorSpec:
     return TensorSpec(t.dtype, tuple(t.shape), tuple(t.stride()), prefix, prefix + extent, on_host)
 
 
-def signature_of(op, info, args, kwargs) -> CallSignature:
+def param_arg_names(op) -> frozenset:
     params = _param_names_cache.get(op)
     if params is None:
         params = _param_names_cache[op] = _param_arg_names(op)
+    return params
+
+
+def signature_of(op, info, args, kwargs) -> CallSignature:
+    params = _param_names_cache.get(op)
+    if params is None:
+        params = param_arg_names(op)
     bake = info.name in baked_ops
     tensors: list = []
     floats: list = []
