@@ -17,13 +17,12 @@ import time
 
 import pytest
 import torch
+from test_persistent_cache import WORKLOAD, run_python
 
 import torchneuron
 from torchneuron.compiler import CompileError, target_flags
 from torchneuron.dispatch import eager
 from torchneuron.service.client import ServiceClient, ServiceUnavailable
-
-from test_persistent_cache import WORKLOAD, run_python
 
 
 def _wait_for(predicate, timeout=60.0, what="condition"):
@@ -117,7 +116,7 @@ def test_service_reports_compile_errors_and_refuses_mismatched_keys(service):
     bad = "module { this is not mlir }"
     with pytest.raises(CompileError, match="error"):
         client.compile(cache_key(bad, *target_flags()), bad, "aten.fake(float32[3])", target_flags())
-    key, mlir, what = _lowered(torch.ops.aten.cos.default, (5, 3))
+    _, mlir, what = _lowered(torch.ops.aten.cos.default, (5, 3))
     with pytest.warns(RuntimeWarning, match="refused"), pytest.raises(ServiceUnavailable, match="does not match"):
         client.compile("0" * 64, mlir, what, target_flags())
 
@@ -235,7 +234,7 @@ def test_remote_store_shares_executables_across_hosts(redis_server, tmp_path):
     second, _ = run_python(WORKLOAD, tmp_path / "host-b", env=env)  # another host: empty disk
     assert second["compiles"] == 0 and second["sources"]["remote"] == first["compiles"]
     # A corrupt remote entry is caught by its checksum, dropped and rebuilt.
-    victim = sorted(client.keys("torchneuron:exe:*"))[0]
+    victim = min(client.keys("torchneuron:exe:*"))
     blob = bytearray(client.get(victim))
     blob[-20] ^= 0xFF
     client.set(victim, bytes(blob))

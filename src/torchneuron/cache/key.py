@@ -44,7 +44,7 @@ def cache_key(mlir: str, backend: str, flags: tuple) -> str:
     return key_of(key_components(mlir, backend, flags))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def code_fingerprint() -> str:
     """Hash of torchneuron's Python sources and the versions that shape lowering."""
     import torch

@@ -13,8 +13,7 @@ from collections import OrderedDict
 
 import torch
 
-from ..cache import cache_key, executable_cache
-from ..cache import layers
+from ..cache import cache_key, executable_cache, layers
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
 from ..compiler import CompileError, compile_pool, target_flags
@@ -26,7 +25,7 @@ from . import stats, warm_start
 
 
 class Plan:
-    __slots__ = ("executable", "out_specs", "flag", "returns", "what")
+    __slots__ = ("executable", "flag", "out_specs", "returns", "what")
 
     def __init__(self, executable, out_specs, flag, returns, what):
         self.executable = executable
