@@ -89,6 +89,33 @@ def _cache(args) -> int:
     return cache_cli.run(args)
 
 
+def _registry(args) -> int:
+    from torchneuron.eval import registry
+
+    if args.action == "stats":
+        data = registry.stats(args.path)
+        if args.json:
+            print(json.dumps(data, indent=2))
+        else:
+            print(f"{data['signatures']} signatures of {data['ops']} ops, {data['calls']} calls, "
+                  f"models: {', '.join(data['models'])}")
+            for op, d in data["top_ops"].items():
+                print(f"  {op:48s} {d['calls']:8d} calls {d['signatures']:6d} signatures")
+    elif args.action == "merge":
+        n = registry.merge(args.path, args.sources)
+        print(f"merged {n} signatures into {args.path}")
+    elif args.action == "export":
+        n = registry.export(args.path, args.out)
+        print(f"wrote {n} signatures to {args.out}")
+    return 0
+
+
+def _eval(args) -> int:
+    from torchneuron.eval import stages
+
+    return stages.run(args)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="torchneuron", description="torchneuron: the neuron device for PyTorch")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -135,6 +162,25 @@ def main(argv=None) -> int:
     q = csub.add_parser("import", help="add the entries of an exported .tar.gz (each one verified)")
     q.add_argument("file")
     p.set_defaults(fn=_cache)
+    p = sub.add_parser("registry", help="the shape registry: op signatures recorded from real runs")
+    rsub = p.add_subparsers(dest="action", required=True)
+    q = rsub.add_parser("stats", help="signatures, ops, calls, models, the most called ops")
+    q.add_argument("path")
+    q.add_argument("--json", action="store_true")
+    q = rsub.add_parser("merge", help="add the counts of other registries into PATH")
+    q.add_argument("path")
+    q.add_argument("sources", nargs="+")
+    q = rsub.add_parser("export", help="write a registry as JSON lines")
+    q.add_argument("path")
+    q.add_argument("out")
+    p.set_defaults(fn=_registry)
+    p = sub.add_parser("eval", help="staged evaluation: unit (generated op tests), then models")
+    p.add_argument("--stage", nargs="+", default=["unit"], choices=["unit", "representative", "full"])
+    p.add_argument("--registry", default=None, help="shape registry for the unit stage (default: the committed one)")
+    p.add_argument("--ops", nargs="*", help="only these ops (unit stage)")
+    p.add_argument("--keep-going", action="store_true", help="run later stages after a failing one")
+    p.add_argument("--json", default=None, help="write each stage's results here")
+    p.set_defaults(fn=_eval)
     args = parser.parse_args(argv)
     return args.fn(args)
 

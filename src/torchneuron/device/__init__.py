@@ -80,6 +80,9 @@ def register() -> None:
     entry.install()
     _C.set_synchronize_callback(runtime.synchronize)
     atexit.register(_shutdown)
+    from ..eval import registry
+
+    registry.start_from_environment()  # TORCHNEURON_RECORD_SHAPES
     os.register_at_fork(after_in_child=_after_fork_in_child)
     for name in ("memory_limit_mb", "driver"):
         _apply_setting(name, getattr(config.settings, name))

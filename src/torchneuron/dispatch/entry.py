@@ -16,6 +16,7 @@ import torch
 from .. import _C, config
 from .. import runtime
 from ..lowering import NotCompilable
+from ..eval import registry as shape_registry
 from . import eager, host_fallback, stats, warm_start
 from .op_info import METADATA_OPS, op_info
 
@@ -76,6 +77,9 @@ def dispatch(op, *args, **kwargs):
     device = _device_of(args, kwargs, info)
     if not warm_start._started:
         warm_start.begin(device.index if device.index is not None else 0)
+    recorder = shape_registry._recorder
+    if recorder is not None:
+        recorder.record(info.name, args, kwargs)
     if info.metadata_only:
         return op.redispatch(_COMPOSITE_SLOT, *args, **kwargs)
     if info.name in _TRANSFERS or (info.name in _COPIES and _crosses_devices(args, kwargs, device)):

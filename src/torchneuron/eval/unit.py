@@ -1,0 +1,187 @@
+"""Op-level tests generated from a shape registry.
+
+Each recorded signature becomes one test: random inputs with the recorded
+dtypes, sizes, strides and storage offsets (integer inputs drawn from the
+recorded value range, so indices stay valid), run on neuron and on CPU from
+the same values and seed, and compared: results, and arguments the op writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import registry
+
+# (rtol, atol) by dtype; reductions over recorded (real) sizes need more than
+# elementwise ops, so these are a little wider than PyTorch's defaults.
+_TOLERANCE = {
+    torch.float32: (1e-4, 1e-4),
+    torch.float64: (1e-7, 1e-7),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (2e-2, 2e-2),
+}
+
+
+class Unsupported(Exception):
+    """The signature cannot be rebuilt (an argument type with no generator)."""
+
+
+@dataclass
+class UnitResult:
+    op: str
+    sig: str
+    status: str  # pass | mismatch | error | invalid (CPU rejects the generated inputs too) | unsupported
+    detail: str = ""
+    models: tuple = ()
+
+
+def resolve_op(name: str):
+    """"aten.add.Tensor" -> torch.ops.aten.add.Tensor."""
+    ns, opname, overload = name.split(".", 2)
+    return getattr(getattr(getattr(torch.ops, ns), opname), overload)
+
+
+def _make_tensor(d: dict, gen: torch.Generator) -> tuple:
+    """(cpu tensor, neuron tensor) with the recorded layout and equal values."""
+    dtype = getattr(torch, d["T"])
+    size, stride, offset = d["size"], d["stride"], d["offset"]
+    extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
+    numel = offset + extent
+    if dtype == torch.bool:
+        lo, hi = d.get("range", [0, 1])
+        base = torch.randint(lo, hi + 1, (numel,), generator=gen).bool()
+    elif not dtype.is_floating_point:
+        lo, hi = d.get("range", [0, 9])
+        base = torch.randint(lo, hi + 1, (numel,), generator=gen, dtype=torch.int64).to(dtype)
+    else:
+        base = torch.randn(numel, generator=gen, dtype=torch.float32).to(dtype)
+    cpu = base.as_strided(size, stride, offset)
+    other = base.clone() if d.get("dev") != "neuron" else base.to("neuron")
+    return cpu, other.as_strided(size, stride, offset)
+
+
+def build_arguments(sig: dict, seed: int = 0) -> tuple:
+    """((cpu args, cpu kwargs), (neuron args, neuron kwargs)) for a signature."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def both(v):
+        if isinstance(v, dict):
+            if "T" in v:
+                return _make_tensor(v, gen)
+            if "f" in v:
+                x = float(v["f"])
+                return x, x
+            if "s" in v:
+                return v["s"], v["s"]
+            if "L" in v or "U" in v:
+                pairs = [both(x) for x in v.get("L", v.get("U"))]
+                kind = list if "L" in v else tuple
+                return kind(p[0] for p in pairs), kind(p[1] for p in pairs)
+            if "dtype" in v:
+                d = getattr(torch, v["dtype"])
+                return d, d
+            if "device" in v:
+                return torch.device("cpu"), torch.device(v["device"])
+            if "layout" in v:
+                layout = getattr(torch, v["layout"])
+                return layout, layout
+            if "mf" in v:
+                mf = getattr(torch, v["mf"])
+                return mf, mf
+            raise Unsupported(f"an argument of type {v.get('other', '?')}")
+        return v, v
+
+    args = [both(a) for a in sig["args"]]
+    kwargs = {k: both(v) for k, v in sig["kwargs"].items()}
+    return (
+        ([a[0] for a in args], {k: v[0] for k, v in kwargs.items()}),
+        ([a[1] for a in args], {k: v[1] for k, v in kwargs.items()}),
+    )
+
+
+def _compare(got, expected, path: str = "result") -> None:
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            raise AssertionError(f"{path}: expected a tensor, got {type(got).__name__}")
+        got = got.cpu()
+        if got.shape != expected.shape or got.dtype != expected.dtype:
+            raise AssertionError(f"{path}: {got.dtype}{list(got.shape)} vs CPU {expected.dtype}{list(expected.shape)}")
+        rtol, atol = _TOLERANCE.get(expected.dtype, (0, 0))
+        torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{path}: {m}")
+    elif isinstance(expected, (list, tuple)):
+        if len(got) != len(expected):
+            raise AssertionError(f"{path}: {len(got)} items vs CPU {len(expected)}")
+        for i, (g, e) in enumerate(zip(got, expected)):
+            _compare(g, e, f"{path}[{i}]")
+    elif isinstance(expected, float) and isinstance(got, float):
+        if not (math.isclose(got, expected, rel_tol=1e-4, abs_tol=1e-4) or (math.isnan(got) and math.isnan(expected))):
+            raise AssertionError(f"{path}: {got} vs CPU {expected}")
+    elif got != expected:
+        raise AssertionError(f"{path}: {got!r} vs CPU {expected!r}")
+
+
+def _tensors(values) -> list:
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out.extend(_tensors(v))
+    return out
+
+
+def run_case(op_name: str, sig_text: str, seed: int = 0) -> UnitResult:
+    sig = json.loads(sig_text)
+    try:
+        op = resolve_op(op_name)
+    except (AttributeError, ValueError) as e:
+        return UnitResult(op_name, sig_text, "unsupported", f"no such op: {e}")
+    try:
+        (cpu_args, cpu_kwargs), (dev_args, dev_kwargs) = build_arguments(sig, seed)
+    except Unsupported as e:
+        return UnitResult(op_name, sig_text, "unsupported", str(e))
+    except Exception as e:  # noqa: BLE001 - neuron refused the inputs themselves
+        return UnitResult(op_name, sig_text, "error", f"creating the inputs: {type(e).__name__}: {str(e)[:300]}")
+    torch.manual_seed(seed)
+    try:
+        expected = op(*cpu_args, **cpu_kwargs)
+    except Exception as e:  # noqa: BLE001 - random inputs PyTorch itself rejects
+        return UnitResult(op_name, sig_text, "invalid", f"CPU: {type(e).__name__}: {str(e)[:200]}")
+    torch.manual_seed(seed)
+    try:
+        got = op(*dev_args, **dev_kwargs)
+        torch.neuron.synchronize()
+    except Exception as e:  # noqa: BLE001 - a backend failure, reported as such
+        return UnitResult(op_name, sig_text, "error", f"{type(e).__name__}: {str(e)[:300]}")
+    try:
+        _compare(got, expected)
+        # What in-place and out= ops wrote into their arguments.
+        for i, (g, e) in enumerate(zip(_tensors(dev_args), _tensors(cpu_args))):
+            _compare(g, e, f"tensor argument {i}")
+        for i, (g, e) in enumerate(zip(_tensors(dev_kwargs.values()), _tensors(cpu_kwargs.values()))):
+            _compare(g, e, f"tensor keyword argument {i}")
+    except AssertionError as e:
+        return UnitResult(op_name, sig_text, "mismatch", str(e)[:500])
+    return UnitResult(op_name, sig_text, "pass")
+
+
+def run(registry_path: str, ops=None, on_result=None) -> list:
+    results = []
+    for op, sig, _, models in registry.rows(registry_path, ops):
+        result = run_case(op, sig)
+        result.models = tuple(models)
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return results
+
+
+def summarize(results: list) -> dict:
+    out: dict = {}
+    for r in results:
+        out[r.status] = out.get(r.status, 0) + 1
+    return out

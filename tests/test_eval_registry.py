@@ -1,0 +1,126 @@
+"""The shape registry and the tests generated from it (issue: evaluation system)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torchneuron.eval import record_shapes, registry, stages, unit
+
+
+def _rows_by_op(path):
+    out = {}
+    for op, sig, count, models in registry.rows(path):
+        out.setdefault(op, []).append((json.loads(sig), count, models))
+    return out
+
+
+def test_recording_captures_layouts_ranges_scalars_counts_and_models(tmp_path):
+    path = str(tmp_path / "reg.sqlite")
+    x = torch.randn(4, 6).neuron()
+    idx = torch.tensor([3, 0, 2]).neuron()
+    with record_shapes(path, model="first"):
+        for _ in range(3):
+            y = x.add(1.5)
+        x[:, 2:].sum(0)  # a strided view with a storage offset
+        x.index_select(0, idx)
+    with record_shapes(path, model="second"):
+        x.add(1.5)
+    rows = _rows_by_op(path)
+    (add_sig, add_count, add_models), = rows["aten.add.Tensor"]
+    assert add_count == 4 and add_models == ["first", "second"]
+    assert add_sig["args"][0] == {"T": "float32", "size": [4, 6], "stride": [6, 1], "offset": 0, "dev": "neuron"}
+    assert add_sig["args"][1] == {"f": "1.5"}
+    (sum_sig, _, _), = rows["aten.sum.dim_IntList"]
+    assert sum_sig["args"][0]["stride"] == [6, 1] and sum_sig["args"][0]["offset"] == 2
+    assert sum_sig["args"][0]["size"] == [4, 4]
+    (sel_sig, _, _), = rows["aten.index_select.default"]
+    assert sel_sig["args"][2]["range"] == [0, 3]  # index values, so generated indices stay valid
+    assert y.device.type == "neuron"
+
+
+def test_recording_from_the_environment_covers_the_process(tmp_path):
+    path = tmp_path / "env.sqlite"
+    code = "import torch; x = torch.ones(3, 3, device='neuron'); print((x @ x).sum().item())"
+    env = dict(os.environ, TORCHNEURON_RECORD_SHAPES=str(path), TORCHNEURON_RECORD_MODEL="tiny",
+               TORCHNEURON_DEVICE_COUNT="1")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, timeout=240)
+    stats = registry.stats(str(path))
+    assert stats["models"] == ["tiny"]
+    assert "aten.mm.default" in stats["top_ops"] and "aten.sum.default" in stats["top_ops"]
+
+
+def test_registry_cli_merge_stats_export(tmp_path, capsys):
+    from torchneuron import cli
+
+    a, b, merged = (str(tmp_path / n) for n in ("a.sqlite", "b.sqlite", "m.sqlite"))
+    x = torch.randn(5).neuron()
+    with record_shapes(a, model="a"):
+        x.exp()
+    with record_shapes(b, model="b"):
+        x.exp()
+        x.cos()
+    assert cli.main(["registry", "merge", merged, a, b]) == 0
+    assert cli.main(["registry", "stats", merged, "--json"]) == 0
+    out = capsys.readouterr().out
+    stats = json.loads(out[out.index("{"):])
+    assert stats["signatures"] == 2 and stats["calls"] == 3 and stats["models"] == ["a", "b"]
+    out_file = tmp_path / "sigs.jsonl"
+    assert cli.main(["registry", "export", merged, str(out_file)]) == 0
+    lines = [json.loads(line) for line in out_file.read_text().splitlines()]
+    assert {(r["op"], r["count"]) for r in lines} == {("aten.exp.default", 2), ("aten.cos.default", 1)}
+
+
+def test_unit_stage_on_the_committed_registry_passes():
+    """What CI runs: every signature the demo model dispatches, regenerated
+    with random inputs and compared against CPU."""
+    assert os.path.exists(stages.DEFAULT_REGISTRY)
+    results = unit.run(stages.DEFAULT_REGISTRY)
+    counts = unit.summarize(results)
+    assert counts.get("pass", 0) >= 100, counts
+    failed = [(r.op, r.status, r.detail) for r in results if r.status in ("error", "mismatch")]
+    assert failed == []
+
+
+def test_unit_stage_classifies_failures_and_sets_the_exit_code(tmp_path):
+    path = str(tmp_path / "bad.sqlite")
+    good = {"args": [{"T": "float32", "size": [3], "stride": [1], "offset": 0, "dev": "neuron"}], "kwargs": {}}
+    complex_input = {"args": [{"T": "complex64", "size": [3], "stride": [1], "offset": 0, "dev": "neuron"}],
+                     "kwargs": {}}
+    bad_shapes = {"args": [{"T": "float32", "size": [2, 3], "stride": [3, 1], "offset": 0, "dev": "neuron"},
+                           {"T": "float32", "size": [4, 5], "stride": [5, 1], "offset": 0, "dev": "neuron"}],
+                  "kwargs": {}}
+    registry.merge_counts(path, {
+        ("aten.neg.default", json.dumps(good), "m"): 1,
+        ("aten.neg.default", json.dumps(complex_input), "m"): 1,  # no complex dtypes on neuron
+        ("aten.mm.default", json.dumps(bad_shapes), "m"): 1,  # CPU rejects it too
+    })
+    status = {json.loads(r.sig)["args"][0]["T"] + r.op: r.status for r in unit.run(path)}
+    assert status == {"float32aten.neg.default": "pass", "complex64aten.neg.default": "error",
+                      "float32aten.mm.default": "invalid"}
+
+    class Args:
+        stage = ["unit", "representative"]
+        registry = path
+        ops = None
+        keep_going = False
+        json = str(tmp_path / "report.json")
+
+    assert stages.run(Args) == 1
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert list(report) == ["unit"]  # stopped at the failing stage
+    assert report["unit"]["counts"] == {"pass": 1, "error": 1, "invalid": 1}
+
+
+def test_comparison_catches_wrong_values_shapes_and_dtypes():
+    ref = torch.arange(6.0).reshape(2, 3)
+    unit._compare(ref.clone().neuron(), ref)
+    with pytest.raises(AssertionError, match="Mismatched elements"):
+        unit._compare((ref + 1e-2).neuron(), ref)
+    with pytest.raises(AssertionError, match=r"float32\[3, 2\] vs CPU"):
+        unit._compare(ref.T.contiguous().neuron(), ref)
+    with pytest.raises(AssertionError, match="float64"):
+        unit._compare(ref.double().neuron(), ref)
