@@ -16,9 +16,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--device", default="neuron")
+    parser.add_argument("--width", type=int, default=GPTConfig.n_embd, help="embedding width")
+    parser.add_argument("--layers", type=int, default=GPTConfig.n_layer)
+    parser.add_argument("--context", type=int, default=GPTConfig.block_size)
     args = parser.parse_args(argv)
 
-    cfg = GPTConfig()
+    cfg = GPTConfig(n_embd=args.width, n_layer=args.layers, block_size=args.context)
     print(f"torchneuron {torchneuron.__version__} | torch {torch.__version__} | "
           f"device {args.device}: {torch.neuron.get_device_name()}")
     print(f"GPT: {cfg.n_layer} layers, {cfg.n_head} heads, width {cfg.n_embd}, "
