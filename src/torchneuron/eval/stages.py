@@ -67,13 +67,78 @@ def _unit(args) -> dict:
             "failures": [{"op": r.op, "sig": r.sig, "status": r.status, "detail": r.detail} for r in failed]}
 
 
+DEFAULT_RESULTS = os.path.join("docs", "census.jsonl")
+
+
 def _models(stage: str):
     def runner(args) -> dict:
-        reason = "the model census is not built yet"
-        print(f"{stage}: cannot run: {reason}", file=sys.stderr)
-        return {"status": "unavailable", "reason": reason}
+        from . import census, census_report
+
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            print(f"{stage}: needs transformers (pip install 'torchneuron[eval]')", file=sys.stderr)
+            return {"status": "unavailable", "reason": "transformers is not installed"}
+        baseline = _baseline(args.baseline)
+        if stage == "representative":
+            with open(census_report.REPRESENTATIVE) as f:
+                models = json.load(f)["models"]
+            if args.models:
+                models = [m for m in models if m in set(args.models)]
+            results_path = args.results or os.path.join(_scratch(), "representative.jsonl")
+        else:
+            models = args.models or None
+            results_path = args.results or DEFAULT_RESULTS
+        if args.limit:
+            models = (models or [a[0] for a in census.architectures()])[: args.limit]
+        bar = _progress(len(models) if models else len(census.architectures()), stage)
+        with bar:
+            results = census.run_census(results_path, args.modes, models=models, jobs=args.jobs,
+                                        timeout=args.timeout, resume=not args.fresh,
+                                        on_result=lambda r: bar.update(1))
+        if models is not None:
+            results = {m: r for m, r in results.items() if m in set(models)}
+        failures, known = [], []
+        for model, r in sorted(results.items()):
+            if r.get("status") != "ran":
+                continue  # not buildable, or the CPU reference fails: not a backend result
+            for mode in args.modes:
+                if census_report.model_passes(r, mode):
+                    continue
+                before = baseline.get(model)
+                was_failing = before is not None and mode in (before.get("modes") or {}) and \
+                    not census_report.model_passes(before, mode)
+                (known if was_failing else failures).append((model, mode, (r.get("modes") or {}).get(mode)))
+        statuses = {}
+        for r in results.values():
+            statuses[r.get("status")] = statuses.get(r.get("status"), 0) + 1
+        print(f"{stage}: {len(results)} models ({', '.join(f'{v} {k}' for k, v in sorted(statuses.items()))}); "
+              f"{len(failures)} new failures, {len(known)} known failures")
+        for model, mode, entry in failures:
+            print(f"  {model} [{mode}]: {entry}")
+        if stage == "full" and args.report:
+            census_report.write_reports(results_path, "docs/census.md", "docs/census.json",
+                                        "torchneuron " + " ".join(sys.argv[1:]))
+        return {"status": "fail" if failures else "pass", "results": results_path,
+                "failures": [{"model": m, "mode": mode, "entry": e} for m, mode, e in failures],
+                "known_failures": [m for m, _, _ in known]}
 
     return runner
+
+
+def _baseline(path: str | None) -> dict:
+    path = path or os.path.join("docs", "census.json")
+    try:
+        with open(path) as f:
+            return json.load(f).get("results", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def _scratch() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="torchneuron-eval-")
 
 
 _STAGE_RUNNERS = {"unit": _unit, "representative": _models("representative"), "full": _models("full")}

@@ -1,0 +1,412 @@
+"""The model census: every architecture in Hugging Face Transformers, built
+offline from a tiny random configuration, classified by its features and run
+forward and backward on neuron and on CPU.
+
+Each model runs in its own worker process (`python -m torchneuron.eval.census
+--worker TYPE ...`) with a timeout, so a crash or a hang costs one model;
+results are appended to a JSON-lines file as they finish, so a census can be
+run in parts and resumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+# Sizes a tiny configuration gets, wherever the configuration has the attribute.
+_TINY = {
+    "hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "dim": 32,
+    "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "encoder_layers": 2, "decoder_layers": 2,
+    "n_layers": 2, "num_attention_heads": 2, "n_head": 2, "n_heads": 2, "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2, "intermediate_size": 64, "ffn_dim": 64, "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64, "d_ff": 64, "n_inner": 64, "vocab_size": 128, "max_position_embeddings": 64,
+    "num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 16,
+    "image_size": 32, "patch_size": 4,
+}
+_TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id", "cls_token_id")
+MAX_PARAMETERS = 20_000_000  # a "tiny" model above this is skipped (the shrinking missed a sub-module)
+BATCH, SEQ = 2, 8
+
+# Head classes tried first, in order: a head gives the model an output head (a feature) and a loss.
+_HEAD_MAPPINGS = (
+    ("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    ("seq2seq-lm", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    ("image-classification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+    ("audio-classification", "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES"),
+    ("sequence-classification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+    ("ctc", "MODEL_FOR_CTC_MAPPING_NAMES"),
+)
+
+
+class NotBuildable(Exception):
+    """The architecture cannot be built here: a missing optional dependency, a
+    configuration the generic tiny sizes break. Never a backend failure."""
+
+
+def architectures() -> list:
+    """[(model_type, model class name, head)] for every model type with a model class."""
+    from transformers.models.auto import modeling_auto as ma
+
+    out = []
+    for model_type, base in ma.MODEL_MAPPING_NAMES.items():
+        cls_name, head = (base if isinstance(base, str) else base[0]), "base"
+        for head_name, mapping in _HEAD_MAPPINGS:
+            found = getattr(ma, mapping, {}).get(model_type)
+            if found:
+                cls_name, head = (found if isinstance(found, str) else found[0]), head_name
+                break
+        out.append((model_type, cls_name, head))
+    return out
+
+
+def _read(cfg, key):
+    try:
+        return getattr(cfg, key, None)
+    except Exception:  # noqa: BLE001 - per-layer attributes refuse plain reads
+        return None
+
+
+def _shrink(cfg, depth: int = 0):
+    import transformers
+
+    heads, kv = _read(cfg, "num_attention_heads"), _read(cfg, "num_key_value_heads")
+    for key, value in _TINY.items():
+        try:
+            current = getattr(cfg, key, None)
+        except Exception:  # noqa: BLE001 - per-layer attributes refuse plain reads
+            continue
+        if isinstance(current, int) and not isinstance(current, bool):
+            with contextlib.suppress(Exception):
+                setattr(cfg, key, value)
+    # Keep the attention variant: multi-head, multi-query or grouped-query.
+    if isinstance(heads, int) and isinstance(kv, int) and not isinstance(kv, bool):
+        tiny = {"num_key_value_heads": 2}
+        if kv == 1:
+            tiny = {"num_key_value_heads": 1}
+        elif kv < heads:
+            tiny = {"num_attention_heads": 4, "num_key_value_heads": 2}
+            if isinstance(_read(cfg, "head_dim"), int):
+                tiny["head_dim"] = 8
+        for key, value in tiny.items():
+            with contextlib.suppress(Exception):
+                setattr(cfg, key, value)
+    if isinstance(_read(cfg, "rotary_dim"), int):
+        with contextlib.suppress(Exception):
+            cfg.rotary_dim = 8
+    for key in _TOKEN_IDS:
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and value >= _TINY["vocab_size"]:
+            setattr(cfg, key, 1)
+    if depth < 3:
+        for value in list(vars(cfg).values()):
+            if isinstance(value, transformers.PretrainedConfig):
+                _shrink(value, depth + 1)
+    return cfg
+
+
+def build(model_type: str, cls_name: str):
+    """(model, config) on CPU, eval mode, seeded; raises NotBuildable."""
+    import torch
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    try:
+        config_cls = getattr(transformers, CONFIG_MAPPING_NAMES[model_type])
+        model_cls = getattr(transformers, cls_name)
+        config = _shrink(config_cls())
+        torch.manual_seed(0)
+        model = model_cls(config)
+    except Exception as e:  # noqa: BLE001 - every way a build can fail is a reason, not a crash
+        raise NotBuildable(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}") from None
+    n = sum(p.numel() for p in model.parameters())
+    if n > MAX_PARAMETERS:
+        raise NotBuildable(f"too large for a tiny census model ({n / 1e6:.0f}M parameters)")
+    return model.eval(), config
+
+
+def inputs_for(model, config) -> dict:
+    """Generic inputs by the model's main input; raises NotBuildable."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    name = getattr(model, "main_input_name", "input_ids")
+    if name == "input_ids":
+        vocab = getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size", 100)
+        ids = torch.randint(3, max(4, min(int(vocab), 100)), (BATCH, SEQ), generator=g)
+        out = {"input_ids": ids}
+        if getattr(config, "is_encoder_decoder", False):
+            out["decoder_input_ids"] = ids[:, :4].clone()
+        return out
+    if name == "pixel_values":
+        channels = getattr(config, "num_channels", 3)
+        size = getattr(config, "image_size", 32)
+        size = size[0] if isinstance(size, (list, tuple)) else size
+        if not isinstance(channels, int) or not isinstance(size, int):
+            raise NotBuildable("no generic image input for this configuration")
+        return {"pixel_values": torch.randn(BATCH, channels, size, size, generator=g)}
+    if name == "input_values":
+        return {"input_values": torch.randn(BATCH, 1600, generator=g)}
+    if name == "input_features":
+        bins = getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", 80)
+        return {"input_features": torch.randn(BATCH, int(bins), 64, generator=g)}
+    raise NotBuildable(f"no generic input for main input {name!r}")
+
+
+def features(model, config, head: str, inputs: dict) -> dict:
+    """Architectural features, from the configuration and the module tree."""
+    import torch
+
+    names = {type(m).__name__.lower() for m in model.modules()}
+    text = " ".join(names)
+
+    def cfg(key, default=None):
+        for c in (config, getattr(config, "text_config", None)):
+            if c is not None:
+                with contextlib.suppress(Exception):
+                    value = getattr(c, key, None)
+                    if value is not None:
+                        return value
+        return default
+
+    main = next(iter(inputs))
+    multimodal = any(hasattr(config, k) for k in ("vision_config", "audio_config")) and hasattr(config, "text_config")
+    modality = ("multimodal" if multimodal else {"input_ids": "text", "pixel_values": "vision",
+                "input_values": "audio", "input_features": "audio"}.get(main, "other"))
+    if cfg("is_encoder_decoder", False):
+        structure = "encoder-decoder"
+    elif head in ("causal-lm",) or "causallm" in type(model).__name__.lower():
+        structure = "decoder"
+    else:
+        structure = "encoder"
+    heads, kv = cfg("num_attention_heads"), cfg("num_key_value_heads")
+    attention = []
+    if "attention" not in text and "attn" not in text:
+        attention.append("none")
+    else:
+        attention.append("self")
+        if structure == "encoder-decoder" or cfg("add_cross_attention", False) or "crossattention" in text:
+            attention.append("cross")
+        if isinstance(cfg("sliding_window"), int) and cfg("sliding_window"):
+            attention.append("sliding-window")
+        if isinstance(heads, int) and isinstance(kv, int) and kv < heads:
+            attention.append("multi-query" if kv == 1 else "grouped-query")
+    n_experts = cfg("num_experts") or cfg("num_local_experts") or cfg("n_routed_experts")
+    moe = bool((isinstance(n_experts, int) and n_experts > 1) or "expert" in text or "moe" in text)
+    recurrent = any(k in text for k in ("mamba", "ssm", "rwkv", "recurrent", "lstm", "gru", "xlstm"))
+    conv = any(isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)) for m in model.modules())
+    if "rotary" in text or cfg("rope_theta") is not None or cfg("rope_parameters") is not None:
+        positional = "rotary"
+    elif "alibi" in text or cfg("alibi", False):
+        positional = "alibi"
+    elif cfg("relative_attention_num_buckets") is not None or "relative" in text:
+        positional = "relative"
+    elif (cfg("max_position_embeddings") is not None or "position" in text
+          or any("position" in n for n, _ in model.named_parameters())):
+        positional = "absolute"
+    else:
+        positional = "none"
+    return {"modality": modality, "structure": structure, "attention": attention, "moe": moe,
+            "recurrent": recurrent, "convolution": conv, "positional": positional, "head": head}
+
+
+def _floats(value) -> list:
+    """Floating-point tensors of a model output, in a stable order."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value] if value.is_floating_point() else []
+    if hasattr(value, "to_tuple"):
+        value = value.to_tuple()
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _floats(v)]
+    return []
+
+
+def _run(model, inputs: dict, device: str, backward: bool) -> tuple:
+    """(output tensors on CPU, gradients on CPU or None)."""
+    import torch
+
+    model = model.to(device)
+    args = {k: v.to(device) for k, v in inputs.items()}
+    model.zero_grad(set_to_none=True)
+    with torch.set_grad_enabled(backward):
+        outs = _floats(model(**args))
+    grads = None
+    if backward and outs:
+        loss = sum(o.float().mean() for o in outs if o.requires_grad)
+        if isinstance(loss, torch.Tensor):
+            loss.backward()
+            grads = [p.grad.detach().cpu() for p in model.parameters() if p.grad is not None]
+    return [o.detach().cpu() for o in outs], grads
+
+
+def _compare(got: list, expected: list, what: str) -> str | None:
+    import torch
+
+    if len(got) != len(expected):
+        return f"{what}: {len(got)} tensors vs CPU {len(expected)}"
+    for i, (g, e) in enumerate(zip(got, expected)):
+        try:
+            torch.testing.assert_close(g, e, rtol=1e-3, atol=1e-3, equal_nan=True)
+        except AssertionError as err:
+            return f"{what}[{i}]: " + str(err).strip().splitlines()[0][:200]
+    return None
+
+
+def _error_class(e: BaseException) -> str:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first[:160]}"
+
+
+def run_one(model_type: str, cls_name: str, head: str, modes: list) -> dict:
+    """Build, classify and run one architecture in this process."""
+    import torch
+
+    import torchneuron
+    from torchneuron.eval import registry
+
+    result = {"model": model_type, "class": cls_name, "head": head, "modes": {}}
+    try:
+        model, config = build(model_type, cls_name)
+        inputs = inputs_for(model, config)
+    except NotBuildable as e:
+        result.update(status="not-buildable", reason=str(e))
+        return result
+    result["parameters"] = sum(p.numel() for p in model.parameters())
+    result["features"] = features(model, config, head, inputs)
+    trains = any(p.requires_grad for p in model.parameters())
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        ref_out, ref_grads = _run(model, inputs, "cpu", trains)
+    except Exception as e:  # noqa: BLE001 - the reference itself fails: not a backend result
+        result.update(status="reference-error", reason=_error_class(e))
+        return result
+    result["status"] = "ran"
+    ops: set = set()
+    for mode in modes:
+        torchneuron.config.set(execution=mode)
+        model.load_state_dict(state)
+        entry = {}
+        recorder = registry.Recorder(os.devnull, model_type)
+        registry._recorder = recorder
+        try:
+            out, grads = _run(model, inputs, "neuron", False)
+            problem = _compare(out, ref_out, "output")
+            entry["forward"] = "pass" if problem is None else "mismatch"
+            if problem:
+                entry["forward_detail"] = problem
+            if trains and ref_grads is not None:
+                model.load_state_dict(state)
+                _, grads = _run(model, inputs, "neuron", True)
+                problem = _compare(grads or [], ref_grads, "gradient")
+                entry["backward"] = "pass" if problem is None else "mismatch"
+                if problem:
+                    entry["backward_detail"] = problem
+            torch.neuron.synchronize()
+        except Exception as e:  # noqa: BLE001 - a backend failure, classified
+            entry.setdefault("forward", "error")
+            if entry["forward"] != "error":
+                entry["backward"] = "error"
+            entry["error"] = _error_class(e)
+        finally:
+            registry._recorder = None
+            model.to("cpu")
+        ops.update(op for op, _, _ in recorder.counts)
+        entry["signatures"] = len(recorder.counts)
+        if mode == "compile":
+            entry["host_fallback_ops"] = sorted(torchneuron.fallback_ops())
+        result["modes"][mode] = entry
+        torchneuron.reset_stats()
+    result["ops"] = sorted(ops)
+    return result
+
+
+# -- the parallel, resumable runner -------------------------------------------
+
+def load_results(path: str) -> dict:
+    out = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                with contextlib.suppress(ValueError):
+                    r = json.loads(line)
+                    out[r["model"]] = r
+    return out
+
+
+def run_census(out_path: str, modes: list, models=None, jobs: int = 1, timeout: float = 600.0,
+               resume: bool = True, on_result=None) -> dict:
+    """Run every architecture (or `models`) in worker processes; append each
+    result to out_path as it finishes. Returns {model: result}."""
+    done = load_results(out_path) if resume else {}
+    todo = [a for a in architectures() if (models is None or a[0] in models) and a[0] not in done]
+    running: list = []
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    with open(out_path, "a") as sink:
+        while todo or running:
+            while todo and len(running) < jobs:
+                model_type, cls_name, head = todo.pop(0)
+                cmd = [sys.executable, "-m", "torchneuron.eval.census", "--worker", model_type, cls_name, head,
+                       "--modes", *modes]
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                        env=dict(os.environ, TORCHNEURON_DEVICE_COUNT="1", PYTHONWARNINGS="ignore"))
+                running.append((proc, model_type, cls_name, head, time.monotonic()))
+            time.sleep(0.1)
+            for item in list(running):
+                proc, model_type, cls_name, head, started = item
+                if proc.poll() is None and time.monotonic() - started < timeout:
+                    continue
+                running.remove(item)
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                    result = {"model": model_type, "class": cls_name, "head": head, "status": "timeout",
+                              "reason": f"no result within {timeout:.0f} s"}
+                else:
+                    out = proc.stdout.read()
+                    line = next((x for x in out.splitlines() if x.startswith("CENSUS ")), None)
+                    result = json.loads(line[7:]) if line else {
+                        "model": model_type, "class": cls_name, "head": head, "status": "crash",
+                        "reason": f"the worker exited with {proc.returncode}"}
+                result["seconds"] = round(time.monotonic() - started, 1)
+                sink.write(json.dumps(result) + "\n")
+                sink.flush()
+                done[model_type] = result
+                if on_result is not None:
+                    on_result(result)
+    return done
+
+
+def _worker(argv) -> int:
+    import warnings
+
+    warnings.simplefilter("ignore")
+    with contextlib.suppress(Exception):
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+    model_type, cls_name, head = argv.worker
+    try:
+        result = run_one(model_type, cls_name, head, argv.modes)
+    except Exception as e:  # noqa: BLE001 - reported, never fatal to the census
+        result = {"model": model_type, "class": cls_name, "head": head, "status": "crash",
+                  "reason": _error_class(e), "trace": traceback.format_exc()[-1500:]}
+    sys.stdout.write("CENSUS " + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", nargs=3, metavar=("TYPE", "CLASS", "HEAD"))
+    parser.add_argument("--modes", nargs="+", default=["compile"])
+    raise SystemExit(_worker(parser.parse_args()))

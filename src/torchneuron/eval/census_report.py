@@ -1,0 +1,186 @@
+"""Census reports: pass rates by feature class and mode, top failure causes,
+what changed since the previous report, and the representative set."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter, defaultdict
+
+REPRESENTATIVE = os.path.join(os.path.dirname(__file__), "data", "representative.json")
+
+
+def _feature_values(result: dict) -> list:
+    out = []
+    for key, value in (result.get("features") or {}).items():
+        for v in (value if isinstance(value, list) else [value]):
+            out.append(f"{key}={str(v).lower()}")
+    return out
+
+
+def _outcome(result: dict, mode: str, phase: str) -> str | None:
+    entry = (result.get("modes") or {}).get(mode)
+    if entry is None:
+        return None
+    return entry.get(phase)
+
+
+def model_passes(result: dict, mode: str) -> bool:
+    entry = (result.get("modes") or {}).get(mode) or {}
+    return entry.get("forward") == "pass" and entry.get("backward", "pass") == "pass"
+
+
+def summarize(results: dict, previous: dict | None = None) -> dict:
+    ran = [dict(r, model=m) for m, r in results.items() if r.get("status") == "ran"]
+    modes = sorted({m for r in ran for m in r.get("modes", {})})
+    status = Counter(r.get("status") for r in results.values())
+    summary = {
+        "architectures": len(results),
+        "built": status.get("ran", 0) + status.get("reference-error", 0),
+        "status": dict(status),
+        "modes": {},
+        "features": {},
+        "not_buildable": Counter(_cause(r.get("reason", "")) for r in results.values()
+                                 if r.get("status") == "not-buildable").most_common(15),
+    }
+    for mode in modes:
+        counts = {phase: Counter(_outcome(r, mode, phase) for r in ran if _outcome(r, mode, phase))
+                  for phase in ("forward", "backward")}
+        causes: dict = defaultdict(list)
+        for r in ran:
+            entry = r["modes"].get(mode, {})
+            for phase in ("forward", "backward"):
+                if entry.get(phase) in ("error", "mismatch"):
+                    cause = _cause(entry.get("error") or entry.get(f"{phase}_detail") or entry.get(phase))
+                    causes[f"{entry[phase]}: {cause}"].append(r["model"])
+                    break
+        summary["modes"][mode] = {
+            "forward": dict(counts["forward"]), "backward": dict(counts["backward"]),
+            "models_passing": sum(model_passes(r, mode) for r in ran),
+            "top_causes": sorted(([c, len(m), sorted(set(m))[:5]] for c, m in causes.items()), key=lambda x: -x[1])[:15],
+        }
+    by_feature: dict = defaultdict(lambda: defaultdict(int))
+    for r in ran:
+        for fv in _feature_values(r):
+            by_feature[fv]["models"] += 1
+            for mode in modes:
+                by_feature[fv][f"{mode}_pass"] += model_passes(r, mode)
+    summary["features"] = {k: dict(v) for k, v in sorted(by_feature.items())}
+    if previous:
+        summary["changes"] = _changes(results, previous, modes)
+    return summary
+
+
+def _cause(text: str) -> str:
+    text = (text or "").strip()
+    for sep in (" at ", "(", "\n"):
+        if sep in text[40:]:
+            text = text[: 40 + text[40:].index(sep)]
+    return text[:110]
+
+
+def _changes(results: dict, previous: dict, modes: list) -> dict:
+    out = {}
+    for mode in modes:
+        newly, regressed = [], []
+        for model, r in results.items():
+            before = previous.get(model)
+            if before is None or mode not in (before.get("modes") or {}) or mode not in (r.get("modes") or {}):
+                continue
+            was, now = model_passes(before, mode), model_passes(r, mode)
+            if now and not was:
+                newly.append(model)
+            elif was and not now:
+                regressed.append(model)
+        out[mode] = {"newly_passing": sorted(newly), "regressed": sorted(regressed)}
+    return out
+
+
+def select_representative(results: dict, max_models: int = 60) -> dict:
+    """Greedy set cover of feature values and op names by models that run."""
+    ran = {m: r for m, r in results.items() if r.get("status") == "ran"}
+    elements = {m: set(_feature_values(r)) | {f"op={op}" for op in r.get("ops", [])} for m, r in ran.items()}
+    all_ops = {e for s in elements.values() for e in s if e.startswith("op=")}
+    uncovered = set().union(*elements.values()) if elements else set()
+    chosen = []
+    while uncovered and len(chosen) < max_models:
+        best = max(elements, key=lambda m: (len(elements[m] & uncovered), -ran[m].get("parameters", 0)))
+        gain = elements[best] & uncovered
+        if not gain:
+            break
+        chosen.append(best)
+        uncovered -= gain
+    covered_ops = {e for m in chosen for e in elements[m] if e.startswith("op=")}
+    return {
+        "models": chosen,
+        "op_coverage": round(len(covered_ops) / len(all_ops), 4) if all_ops else 0.0,
+        "ops_covered": len(covered_ops), "ops_total": len(all_ops),
+        "features_uncovered": sorted(e for e in uncovered if not e.startswith("op=")),
+    }
+
+
+def write_markdown(path: str, summary: dict, representative: dict, command: str) -> None:
+    lines = [
+        "# Model census",
+        "",
+        "Every architecture in Hugging Face Transformers, built offline from a tiny random configuration, "
+        "run forward (and backward where it trains) on neuron and on CPU, compared with rtol = atol = 1e-3.",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"- Architectures enumerated: {summary['architectures']}; built: **{summary['built']}**",
+        "- Status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["status"].items())),
+        f"- Representative set: {len(representative['models'])} models covering "
+        f"{100 * representative['op_coverage']:.1f}% of the {representative['ops_total']} op names recorded",
+        "",
+        "## By mode",
+        "",
+        "| mode | forward pass | forward mismatch | forward error | backward pass | backward mismatch | "
+        "backward error | models passing both |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode, m in summary["modes"].items():
+        f, b = m["forward"], m["backward"]
+        lines.append(f"| {mode} | {f.get('pass', 0)} | {f.get('mismatch', 0)} | {f.get('error', 0)} | "
+                     f"{b.get('pass', 0)} | {b.get('mismatch', 0)} | {b.get('error', 0)} | {m['models_passing']} |")
+    modes = list(summary["modes"])
+    lines += ["", "## By feature", "", "| feature | models | " + " | ".join(f"{m} pass" for m in modes) + " |",
+              "|---|---:|" + "---:|" * len(modes)]
+    for fv, d in summary["features"].items():
+        cells = " | ".join(f"{d.get(f'{m}_pass', 0)} ({100 * d.get(f'{m}_pass', 0) / d['models']:.0f}%)" for m in modes)
+        lines.append(f"| {fv} | {d['models']} | {cells} |")
+    for mode, m in summary["modes"].items():
+        lines += ["", f"## Top failure causes ({mode})", "", "| cause | models | examples |", "|---|---:|---|"]
+        for cause, n, examples in m["top_causes"]:
+            lines.append(f"| {cause.replace('|', '/')} | {n} | {', '.join(examples)} |")
+    lines += ["", "## Not buildable (top reasons)", "", "| reason | models |", "|---|---:|"]
+    for reason, n in summary["not_buildable"]:
+        lines.append(f"| {reason.replace('|', '/')} | {n} |")
+    if summary.get("changes"):
+        lines += ["", "## Since the previous report", ""]
+        for mode, c in summary["changes"].items():
+            lines.append(f"- {mode}: newly passing {len(c['newly_passing'])} "
+                         f"({', '.join(c['newly_passing'][:10])}); regressed {len(c['regressed'])} "
+                         f"({', '.join(c['regressed'][:10])})")
+    lines += ["", "## Representative set", "", ", ".join(representative["models"]), ""]
+    if representative["features_uncovered"]:
+        lines.append("Feature values no runnable model covers: " + ", ".join(representative["features_uncovered"]))
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def write_reports(results_path: str, markdown: str, json_path: str, command: str) -> dict:
+    from .census import load_results
+
+    results = load_results(results_path)
+    previous = None
+    if os.path.exists(json_path):
+        with open(json_path) as f:
+            previous = json.load(f).get("results")
+    summary = summarize(results, previous)
+    representative = select_representative(results)
+    write_markdown(markdown, summary, representative, command)
+    slim = {m: {k: v for k, v in r.items() if k not in ("ops", "trace")} for m, r in results.items()}
+    with open(json_path, "w") as f:
+        json.dump({"summary": summary, "representative": representative, "results": slim}, f, indent=1)
+    return {"summary": summary, "representative": representative}

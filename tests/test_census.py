@@ -1,0 +1,110 @@
+"""The model census, the representative set and the model stages (issue:
+evaluation system). Real Hugging Face architectures, built offline."""
+
+import json
+
+import pytest
+
+from torchneuron.eval import census, census_report, stages
+
+
+def test_census_enumerates_hundreds_of_architectures_and_builds_them_offline():
+    archs = {a[0]: a for a in census.architectures()}
+    assert len(archs) >= 500
+    assert archs["gpt2"][2] == "causal-lm" and archs["vit"][2] == "image-classification"
+    model, config = census.build("llama", archs["llama"][1])
+    inputs = census.inputs_for(model, config)
+    feats = census.features(model, config, archs["llama"][2], inputs)
+    assert feats["structure"] == "decoder" and feats["positional"] == "rotary" and feats["modality"] == "text"
+    assert sum(p.numel() for p in model.parameters()) < census.MAX_PARAMETERS
+
+
+def _run(tmp_path, models, modes=("host",), timeout=600.0, **kw):
+    return census.run_census(str(tmp_path / "results.jsonl"), list(modes), models=models, jobs=2,
+                             timeout=timeout, **kw)
+
+
+def test_unbuildable_models_are_counted_with_a_reason_and_hangs_time_out(tmp_path):
+    # dinat needs the optional natten package: "not buildable", never a backend failure.
+    results = _run(tmp_path, ["dinat"])
+    assert results["dinat"]["status"] == "not-buildable" and "natten" in results["dinat"]["reason"]
+    # A model that cannot finish in time is killed and recorded; the run goes on.
+    results = _run(tmp_path, ["bert"], timeout=1.0)
+    assert results["bert"]["status"] == "timeout"
+    # Resumable: what is recorded is not run again.
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    _run(tmp_path, ["dinat", "bert"])
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
+
+
+def test_representative_stage_runs_models_compiled_against_cpu(tmp_path):
+    """What CI runs: the five quickest models of the committed representative set, forward and
+    backward, compiled, against CPU."""
+    with open(census_report.REPRESENTATIVE) as f:
+        chosen = json.load(f)["ci_models"]
+    assert len(chosen) >= 5
+
+    class Args:
+        stage = ["representative"]
+        modes = ["compile"]
+        models = chosen
+        limit = None
+        jobs = 2
+        timeout = 900
+        results = str(tmp_path / "rep.jsonl")
+        fresh = True
+        baseline = None
+        keep_going = False
+        report = False
+        json = str(tmp_path / "stage.json")
+        registry = None
+        ops = None
+
+    assert stages.run(Args) == 0, (tmp_path / "stage.json").read_text()
+    results = census.load_results(Args.results)
+    assert set(results) == set(chosen)
+    for r in results.values():
+        assert r["status"] == "ran" and census_report.model_passes(r, "compile"), r
+
+
+def test_representative_selection_is_a_greedy_cover_of_features_and_ops():
+    def result(ops, **features):
+        return {"status": "ran", "features": features, "ops": ops, "parameters": 10}
+
+    results = {
+        "a": result(["x", "y"], modality="text"),
+        "b": result(["y", "z", "w"], modality="text"),
+        "c": result(["x"], modality="vision"),
+        "d": result([], modality="text"),
+        "e": {"status": "not-buildable", "reason": "no"},
+    }
+    rep = census_report.select_representative(results)
+    assert rep["models"] == ["b", "c"]  # a adds nothing once b and c are in
+    assert rep["op_coverage"] == 1.0
+    assert census_report.select_representative(results, max_models=1)["op_coverage"] == 0.75
+
+
+def test_report_says_what_newly_passes_and_what_regressed(tmp_path):
+    def ran(ok):
+        return {"status": "ran", "features": {"modality": "text"},
+                "modes": {"compile": {"forward": "pass" if ok else "error", "error": "RuntimeError: boom"}}}
+
+    previous = {"m1": ran(False), "m2": ran(True)}
+    now = {"m1": ran(True), "m2": ran(False), "m3": {"status": "not-buildable", "reason": "ImportError: x"}}
+    summary = census_report.summarize(now, previous)
+    assert summary["changes"]["compile"] == {"newly_passing": ["m1"], "regressed": ["m2"]}
+    assert summary["built"] == 2 and summary["status"]["not-buildable"] == 1
+    assert summary["modes"]["compile"]["top_causes"][0][:2] == ["error: RuntimeError: boom", 1]
+    md = tmp_path / "c.md"
+    census_report.write_markdown(str(md), summary, census_report.select_representative(now), "cmd")
+    text = md.read_text()
+    assert "regressed 1 (m2)" in text and "modality=text" in text
+
+
+@pytest.mark.parametrize("model", ["gpt2"])
+def test_one_model_matches_cpu_on_the_host_fallback_too(model):
+    arch = {a[0]: a for a in census.architectures()}[model]
+    result = census.run_one(*arch, ["host"])
+    assert result["status"] == "ran" and census_report.model_passes(result, "host"), result
+    assert "aten.embedding.default" in result["ops"]
