@@ -102,3 +102,14 @@ def test_results_match_cpu_for_common_ops():
     ]
     for fn in cases:
         torch.testing.assert_close(fn(x.neuron(), w.neuron()).cpu(), fn(x, w))
+
+
+def test_histc_of_integer_tensors_works_as_on_cuda():
+    # CPU's histc rejects integer inputs; CUDA's takes them (and MoE routing code relies on it).
+    ids = torch.tensor([0, 3, 3, 1, 7, 3, 2])
+    got = torch.histc(ids.neuron().int(), bins=8, min=0, max=7)
+    assert got.dtype == torch.int32 and got.device.type == "neuron"
+    expected = torch.histc(ids.float(), bins=8, min=0, max=7).int()
+    assert torch.equal(got.cpu(), expected)
+    floats = torch.rand(50)
+    torch.testing.assert_close(torch.histc(floats.neuron(), bins=5).cpu(), torch.histc(floats, bins=5))

@@ -84,6 +84,11 @@ def dispatch(op, *args, **kwargs):
         return op.redispatch(_COMPOSITE_SLOT, *args, **kwargs)
     if info.name in _TRANSFERS or (info.name in _COPIES and _crosses_devices(args, kwargs, device)):
         return _transfer(op, info, args, kwargs, device)
+    parity = _CUDA_PARITY.get(info.name)
+    if parity is not None:
+        result = parity(*args, **kwargs)
+        if result is not NotImplemented:
+            return result
     if config.settings.execution == "compile" and not info.seeded:
         rewrite = _REWRITES.get(info.name)
         if rewrite is not None:
@@ -116,6 +121,19 @@ def _equal(a, b):
 
 # Ops that are better expressed through other device ops than compiled whole.
 _REWRITES = {"aten.equal.default": _equal}
+
+
+def _histc_of_integers(x, bins=100, min=0, max=0):  # noqa: A002 - the op's argument names
+    """histc of an integer tensor, as CUDA allows (CPU does not): libraries
+    count MoE routing with it on accelerators (transformers' moe.py)."""
+    if x.dtype.is_floating_point or x.dtype.is_complex:
+        return NotImplemented
+    return torch.histc(x.to(torch.float32), bins, min, max).to(x.dtype)
+
+
+# Inputs CUDA accepts and PyTorch's CPU kernels do not: code written for
+# accelerators relies on them.
+_CUDA_PARITY = {"aten.histc.default": _histc_of_integers}
 
 
 def _transfer(op, info, args, kwargs, device):
