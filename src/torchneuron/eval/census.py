@@ -238,6 +238,7 @@ def _run(model, inputs: dict, device: str, backward: bool) -> tuple:
     model = model.to(device)
     args = {k: v.to(device) for k, v in inputs.items()}
     model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)  # models that draw random numbers (masking, noise) draw the same on both
     with torch.set_grad_enabled(backward):
         outs = _floats(model(**args))
     grads = None
