@@ -60,7 +60,11 @@ class ExecutableCache:
                 if source == "compiled":
                     self.compiles += 1
                     self.compile_seconds += seconds
-                self._insert(key, value, nbytes)
+                existing = self._entries.get(key)
+                if existing is None:
+                    self._insert(key, value, nbytes)
+                else:  # loaded meanwhile by another path (warm start): keep one
+                    value = existing[0]
                 del self._pending[key]
             result.set_result(value)
 
@@ -77,10 +81,15 @@ class ExecutableCache:
             self.hits += 1
             return entry[0]
 
-    def put(self, key: str, value, nbytes: int) -> None:
+    def put(self, key: str, value, nbytes: int) -> tuple:
+        """(the value now cached for key, whether it is this one): when two
+        threads load one key, both use the first."""
         with self._lock:
-            if key not in self._entries:
-                self._insert(key, value, nbytes)
+            entry = self._entries.get(key)
+            if entry is not None:
+                return entry[0], False
+            self._insert(key, value, nbytes)
+            return value, True
 
     def _insert(self, key, value, nbytes) -> None:
         self._entries[key] = (value, nbytes)

@@ -128,9 +128,9 @@ def plan_from_record(record, disk):
             vmfb = disk.get_executable(key)
             if vmfb is None:
                 return None
-            layers.stats.add("disk")
-            executable = LoadedExecutable(vmfb, key, what)
-            executable_cache().put(key, executable, len(vmfb))
+            executable, inserted = executable_cache().put(key, LoadedExecutable(vmfb, key, what), len(vmfb))
+            if inserted:  # the warm-start thread and the first step may both load it
+                layers.stats.add("disk")
         return Plan(executable, out_specs, record["flag"], record["returns"], what)
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
