@@ -41,7 +41,13 @@ def target_flags(driver: str | None = None) -> tuple:
         raise RuntimeError(f"neuron: no compiler target for driver {driver!r}; known: {', '.join(_BACKENDS)}")
     flags = ["--iree-input-demote-f64-to-f32=false"]
     if backend == "llvm-cpu":
-        flags.append("--iree-llvmcpu-target-cpu=host")
+        # Data tiling with microkernels: matmuls run on packed tiles (measured
+        # on 1024x1024 fp32, 2 cores: 19.2 ms without, 8.4 ms with; CPU eager 11.3 ms).
+        flags += [
+            "--iree-llvmcpu-target-cpu=host",
+            "--iree-opt-data-tiling=true",
+            "--iree-llvmcpu-enable-ukernels=all",
+        ]
     return backend, tuple(flags)
 
 

@@ -10,6 +10,8 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
+from . import special
+
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
@@ -73,6 +75,7 @@ def decomposition_table() -> dict:
     table.update(_view_copies())
     table[torch.ops.aten.squeeze.dims] = _squeeze_dims
     table[torch.ops.aten.log10.default] = _log10
+    table.update(special.decompositions())
     for name in dir(torch.ops.aten):
         if not name.startswith("_foreach_") or name.endswith("_"):
             continue
