@@ -19,6 +19,7 @@ from ..cache.key import plan_id
 from ..compiler import CompileError, compile_pool, target_flags
 from ..compiler.progress import progress
 from ..lowering import NeedsResize, NotCompilable, lower_call, signature_of
+from ..lowering.graph import promotable_scalars
 from ..lowering.call import baked_ops
 from ..runtime import LoadedExecutable, device_queue, user_source_line
 from . import stats, warm_start
@@ -60,7 +61,22 @@ _MAX_PLANS = 16384
 
 def _build_plan(op, info, sig, target):
     try:
-        lowered = lower_call(op, info, sig)
+        return _compile_plan(op, info, sig, target, promote_scalars=False)
+    except NotCompilable as e:
+        if not promotable_scalars(sig):
+            raise
+        first = e
+    # All-0-dim calls the compiler rejects (reductions, some elementwise ops)
+    # compile as 1-element calls.
+    try:
+        return _compile_plan(op, info, sig, target, promote_scalars=True)
+    except NotCompilable:
+        raise first from None
+
+
+def _compile_plan(op, info, sig, target, promote_scalars):
+    try:
+        lowered = lower_call(op, info, sig, promote_scalars)
     except NotCompilable:
         if (sig.floats or sig.ints) and info.name not in baked_ops:
             # The decomposition needs the scalar values: key them as constants.

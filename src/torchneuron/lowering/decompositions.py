@@ -10,7 +10,7 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
-from . import special
+from . import special, tensor_ops
 
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -62,6 +62,16 @@ def _view_copies() -> dict:
 
 
 @functools.lru_cache(maxsize=None)
+def own_decompositions() -> dict:
+    """torchneuron's decompositions. The lowering calls them in place of the op
+    itself, before tracing: PyTorch traces some ops (upsampling) through its
+    own Python kernels, which no table entry can replace."""
+    table = dict(special.decompositions())
+    table.update(tensor_ops.decompositions())
+    return table
+
+
+@functools.lru_cache(maxsize=None)
 def decomposition_table() -> dict:
     # Beyond the core set, PyTorch's other aten-to-aten decompositions:
     # torch-mlir lowers the smaller ops they produce where it lacks the big
@@ -75,7 +85,7 @@ def decomposition_table() -> dict:
     table.update(_view_copies())
     table[torch.ops.aten.squeeze.dims] = _squeeze_dims
     table[torch.ops.aten.log10.default] = _log10
-    table.update(special.decompositions())
+    table.update(own_decompositions())
     for name in dir(torch.ops.aten):
         if not name.startswith("_foreach_") or name.endswith("_"):
             continue

@@ -55,7 +55,7 @@ def _quiet_torch_logs():
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
-from .decompositions import decomposition_table
+from .decompositions import decomposition_table, own_decompositions
 
 
 @dataclass
@@ -114,7 +114,14 @@ def _get(value, path):
     return value
 
 
-def lower_call(op, info, sig: CallSignature) -> LoweredCall:
+def promotable_scalars(sig: CallSignature) -> bool:
+    """Every tensor is 0-dim and read only: the call can run on 1-element
+    tensors instead (same dtypes and type promotion), which the compiler
+    takes where it rejects 0-dim reductions and some elementwise ops."""
+    return bool(sig.specs) and not sig.mutated and all(len(s.shape) == 0 for s in sig.specs)
+
+
+def lower_call(op, info, sig: CallSignature, promote_scalars: bool = False) -> LoweredCall:
     what = describe(info, sig)
     metas = [_meta(s) for s in sig.specs]
     before = [tuple(m.shape) for m in metas]
@@ -142,7 +149,7 @@ def lower_call(op, info, sig: CallSignature) -> LoweredCall:
     if index_checks.has_checks(op):
         out_specs.append(((), torch.bool))
         flag = len(out_specs) - 1
-    mlir = _export_to_mlir(op, sig, out_specs, outputs, flag)
+    mlir = _export_to_mlir(op, sig, out_specs, outputs, flag, promote_scalars)
     return LoweredCall(mlir, tuple(out_specs), flag, returns, what)
 
 
@@ -179,12 +186,13 @@ _META = torch.device("meta")
 _CPU = torch.device("cpu")
 
 class _CallModule(torch.nn.Module):
-    def __init__(self, op, sig: CallSignature, outputs, flag):
+    def __init__(self, op, sig: CallSignature, outputs, flag, promote_scalars=False):
         super().__init__()
         self.op = op
         self.sig = sig
         self.outputs = outputs
         self.flag = flag
+        self.promote_scalars = promote_scalars
 
     def forward(self, *inputs):
         sig = self.sig
@@ -215,15 +223,20 @@ class _CallModule(torch.nn.Module):
         # of one (copy_, clone, view_copy); a reshape round trip on the inputs
         # the op only reads makes it a real copy, and costs nothing otherwise.
         for i, spec in enumerate(sig.specs):
-            if i not in sig.mutated and tensors[i].numel():
+            if self.promote_scalars:
+                tensors[i] = tensors[i].reshape(1)
+            elif i not in sig.mutated and tensors[i].numel():
                 tensors[i] = tensors[i].unsqueeze(0).squeeze(0)
         args, kwargs = rebuild_all(sig, tensors, floats, ints, _CPU)
         if self.flag is not None:
             args, kwargs, out_of_range = index_checks.apply(self.op, args, kwargs)
             inputs[pos + self.flag].copy_(out_of_range)
-        result = self.op(*args, **kwargs)
+        result = own_decompositions().get(self.op, self.op)(*args, **kwargs)
         for j, path in self.outputs:
-            inputs[pos + j].copy_(_get(result, path))
+            value, destination = _get(result, path), inputs[pos + j]
+            if self.promote_scalars and value.shape != destination.shape:
+                value = value.reshape(destination.shape)
+            destination.copy_(value)
         for i, view in written_spans:
             spec = sig.specs[i]
             flat = inputs[i]
@@ -238,7 +251,7 @@ def _example(spec):
     return torch.zeros(spec.span, dtype=spec.dtype)
 
 
-def _export_to_mlir(op, sig: CallSignature, out_specs, outputs, flag) -> str:
+def _export_to_mlir(op, sig: CallSignature, out_specs, outputs, flag, promote_scalars=False) -> str:
     from iree.compiler.extras.fx_importer import FxImporter
 
     examples = [_example(s) for s in sig.specs]
@@ -247,7 +260,7 @@ def _export_to_mlir(op, sig: CallSignature, out_specs, outputs, flag) -> str:
     if sig.ints:
         examples.append(torch.tensor(sig.ints, dtype=torch.int64))
     examples += [torch.zeros(shape, dtype=dtype) for shape, dtype in out_specs]
-    module = _CallModule(op, sig, outputs, flag)
+    module = _CallModule(op, sig, outputs, flag, promote_scalars)
     try:
         with warnings.catch_warnings(), _quiet_torch_logs():
             warnings.simplefilter("ignore")

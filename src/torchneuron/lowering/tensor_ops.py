@@ -1,0 +1,117 @@
+"""Decompositions of ops torch-mlir does not lower (or lowers wrongly), into
+ops it does: shapes are static here, so index lists are built at trace time
+and become constants of the executable."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+aten = torch.ops.aten
+
+
+def roll(x, shifts, dims=()):
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if not dims:  # roll the flattened tensor
+        return roll(x.reshape(-1), shifts, [0]).reshape(x.shape)
+    out = x
+    for shift, dim in zip(shifts, dims):
+        size = out.shape[dim]
+        s = shift % size if size else 0
+        if s:
+            out = torch.cat([out.narrow(dim, size - s, s), out.narrow(dim, 0, size - s)], dim)
+    return out.clone() if out is x else out
+
+
+def _nan_aware(pick):
+    def decompose(a, b):
+        m = pick(a, b)
+        a, b = a.to(m.dtype), b.to(m.dtype)
+        if not m.dtype.is_floating_point:
+            return m
+        return torch.where(torch.isnan(a), b, torch.where(torch.isnan(b), a, m))
+
+    return decompose
+
+
+def hypot(a, b):
+    a, b = torch.broadcast_tensors(a, b)
+    dtype = torch.result_type(a, b)
+    a, b = torch.abs(a.to(dtype)), torch.abs(b.to(dtype))
+    big, small = torch.maximum(a, b), torch.minimum(a, b)
+    ratio = small / torch.where(big == 0, torch.ones_like(big), big)
+    out = big * torch.sqrt(1 + ratio * ratio)  # no overflow of a*a
+    out = torch.where(torch.isnan(a) | torch.isnan(b), torch.full_like(out, math.nan), out)
+    return torch.where(torch.isinf(a) | torch.isinf(b), torch.full_like(out, math.inf), out)
+
+
+def angle(x):
+    if x.dtype.is_complex:
+        raise NotImplementedError("complex angle")
+    dtype = x.dtype if x.dtype.is_floating_point else torch.get_default_dtype()
+    x = x.to(dtype)
+    out = torch.where(x < 0, torch.full_like(x, math.pi), torch.zeros_like(x))
+    return torch.where(torch.isnan(x), x, out)
+
+
+def cdist(x1, x2, p, compute_mode=None):
+    diff = torch.abs(x1.unsqueeze(-2) - x2.unsqueeze(-3))
+    if p == 0:
+        return (diff != 0).to(x1.dtype).sum(-1)
+    if math.isinf(p):
+        return diff.amax(-1) if diff.shape[-1] else diff.sum(-1)
+    if p == 1:
+        return diff.sum(-1)
+    if p == 2:
+        return torch.sqrt((diff * diff).sum(-1))
+    return torch.pow(torch.pow(diff, p).sum(-1), 1.0 / p)
+
+
+def _nearest_indices(in_size, out_size, scale, exact):
+    # PyTorch's rule: the scale factor the user gave, else in/out.
+    ratio = 1.0 / scale if scale else in_size / out_size
+    offset = 0.5 if exact else 0.0
+    return [min(int(math.floor((i + offset) * ratio)), in_size - 1) for i in range(out_size)]
+
+
+def _upsample_nearest(exact):
+    def decompose(x, output_size, *scales):
+        spatial = len(output_size)
+        scales = list(scales) + [None] * (spatial - len(scales))
+        for k, (out, scale) in enumerate(zip(output_size, scales)):
+            dim = x.dim() - spatial + k
+            idx = _nearest_indices(x.shape[dim], out, scale, exact)
+            x = torch.index_select(x, dim, torch.tensor(idx, device=x.device))
+        return x
+
+    return decompose
+
+
+def isin(elements, test_elements, *, assume_unique=False, invert=False):
+    flat = test_elements.reshape(-1)
+    if flat.numel() == 0:
+        found = torch.zeros(elements.shape, dtype=torch.bool, device=elements.device)
+    else:
+        found = (elements.unsqueeze(-1) == flat).any(-1)
+    return ~found if invert else found
+
+
+def decompositions() -> dict:
+    table = {
+        aten.roll.default: roll,
+        aten.fmax.default: _nan_aware(torch.maximum),
+        aten.fmin.default: _nan_aware(torch.minimum),
+        aten.hypot.default: hypot,
+        aten.angle.default: angle,
+        aten._cdist_forward.default: cdist,
+        aten.upsample_nearest1d.default: _upsample_nearest(False),
+        aten.upsample_nearest2d.default: _upsample_nearest(False),
+        aten.upsample_nearest3d.default: _upsample_nearest(False),
+        aten._upsample_nearest_exact1d.default: _upsample_nearest(True),
+        aten._upsample_nearest_exact2d.default: _upsample_nearest(True),
+        aten._upsample_nearest_exact3d.default: _upsample_nearest(True),
+        aten.isin.Tensor_Tensor: isin,
+    }
+    return table

@@ -1,0 +1,62 @@
+"""Ops torch-mlir does not lower compile through torchneuron's own
+decompositions, and all-0-dim calls the compiler rejects compile as
+1-element calls (issue: compile-first eager mode)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchneuron
+
+torch.manual_seed(0)
+_X = torch.randn(3, 4, 5)
+_X[0, 0, 0] = math.nan
+_Y = torch.randn(4, 5)
+_Y[1, 1] = math.nan
+_Z = torch.randn(3, 6, 5)
+
+CASES = {
+    "roll": lambda x, y, z: torch.roll(x, (1, -2), (0, 2)),
+    "roll_flat": lambda x, y, z: torch.roll(x, 7),
+    "fmax_nan": lambda x, y, z: torch.fmax(x, y),
+    "fmin_scalar_tensor": lambda x, y, z: torch.fmin(x, y[0, 0]),
+    "hypot": lambda x, y, z: torch.hypot(x, y),
+    "angle": lambda x, y, z: torch.angle(x),
+    "cdist_p2": lambda x, y, z: torch.cdist(x.nan_to_num(), z),
+    "cdist_p1": lambda x, y, z: torch.cdist(x.nan_to_num(), z, p=1),
+    "cdist_pinf": lambda x, y, z: torch.cdist(x.nan_to_num(), z, p=math.inf),
+    "nearest_1d_scale": lambda x, y, z: F.interpolate(x, scale_factor=1.7, mode="nearest"),
+    "nearest_2d_down": lambda x, y, z: F.interpolate(x.unsqueeze(0), size=(7, 3), mode="nearest"),
+    "nearest_exact_1d": lambda x, y, z: F.interpolate(x, size=8, mode="nearest-exact"),
+    "isin": lambda x, y, z: torch.isin(x.round(), y[2, :3].round()),
+    "isin_invert": lambda x, y, z: torch.isin(y.round(), x[1, 1].round(), invert=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_decomposed_op_compiles_and_matches_cpu(name):
+    fn = CASES[name]
+    expected = fn(_X, _Y, _Z)
+    torchneuron.reset_stats()
+    actual = fn(_X.to("neuron"), _Y.to("neuron"), _Z.to("neuron")).cpu()
+    assert torchneuron.fallback_ops() == {}, torchneuron.fallback_ops()
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+def test_all_0dim_reductions_compile_as_one_element_calls():
+    x = torch.tensor(-1.5)
+    cases = [
+        lambda t: t.amax(),
+        lambda t: t.argmax(),
+        lambda t: t.all(dim=0),
+        lambda t: torch.logsumexp(t, 0),
+        lambda t: torch.argmin(t, 0, keepdim=True),
+    ]
+    torchneuron.reset_stats()
+    for fn in cases:
+        expected, actual = fn(x), fn(x.to("neuron")).cpu()
+        assert (actual.shape, actual.dtype) == (expected.shape, expected.dtype)
+        torch.testing.assert_close(actual, expected)
+    assert torchneuron.fallback_ops() == {}
