@@ -93,9 +93,29 @@ def _tolerance(opinfo, dtype):
     return rtol, atol
 
 
+def _not_compared_by_pytorch(opinfo, dtype) -> str:
+    """Why PyTorch's own device-vs-CPU test (TestCommon.test_compare_cpu)
+    skips this OpInfo or expects it to fail (empty*: uninitialized memory), or ''."""
+    for info in tuple(opinfo.skips or ()) + tuple(opinfo.decorators or ()):
+        if getattr(info, "test_name", None) != "test_compare_cpu" or not getattr(info, "active_if", True):
+            continue
+        if info.device_type is not None:  # a verdict about one device (cuda, mps...), not ours
+            continue
+        if info.dtypes is not None and dtype not in info.dtypes:
+            continue
+        for dec in info.decorators:
+            qualname = getattr(dec, "__qualname__", "")
+            if qualname.startswith("skip") or qualname == "expectedFailure":
+                return f"PyTorch's test_compare_cpu {'skips' if qualname.startswith('skip') else 'expects a failure for'} it"
+    return ""
+
+
 def run_op(opinfo, dtype, max_samples: int) -> OpResult:
     name = opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
     result = OpResult(name, str(dtype).replace("torch.", ""), "skipped")
+    result.error = _not_compared_by_pytorch(opinfo, dtype)
+    if result.error:
+        return result
     start = time.perf_counter()
     rtol, atol = _tolerance(opinfo, dtype)
     try:

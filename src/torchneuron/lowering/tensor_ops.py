@@ -73,7 +73,7 @@ def _nearest_indices(in_size, out_size, scale, exact):
     # PyTorch's rule: the scale factor the user gave, else in/out.
     ratio = 1.0 / scale if scale else in_size / out_size
     offset = 0.5 if exact else 0.0
-    return [min(int(math.floor((i + offset) * ratio)), in_size - 1) for i in range(out_size)]
+    return [min(math.floor((i + offset) * ratio), in_size - 1) for i in range(out_size)]
 
 
 def _upsample_nearest(exact):
