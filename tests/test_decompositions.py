@@ -30,6 +30,7 @@ CASES = {
     "nearest_1d_scale": lambda x, y, z: F.interpolate(x, scale_factor=1.7, mode="nearest"),
     "nearest_2d_down": lambda x, y, z: F.interpolate(x.unsqueeze(0), size=(7, 3), mode="nearest"),
     "nearest_exact_1d": lambda x, y, z: F.interpolate(x, size=8, mode="nearest-exact"),
+    "eye": lambda x, y, z: torch.eye(4, 6, device=x.device) + x[0, :, :1].nan_to_num(),
     "isin": lambda x, y, z: torch.isin(x.round(), y[2, :3].round()),
     "isin_invert": lambda x, y, z: torch.isin(y.round(), x[1, 1].round(), invert=True),
 }

@@ -10,7 +10,7 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
-from . import special, tensor_ops
+from . import linalg, special, tensor_ops
 
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -68,6 +68,7 @@ def own_decompositions() -> dict:
     own Python kernels, which no table entry can replace."""
     table = dict(special.decompositions())
     table.update(tensor_ops.decompositions())
+    table.update(linalg.decompositions())
     return table
 
 

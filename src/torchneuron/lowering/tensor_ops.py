@@ -98,6 +98,13 @@ def isin(elements, test_elements, *, assume_unique=False, invert=False):
     return ~found if invert else found
 
 
+def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):
+    # PyTorch's own decomposition builds a uint8 arange, which crashes the compiler.
+    m = n if m is None else m
+    hit = torch.arange(n, device=device).unsqueeze(-1) == torch.arange(m, device=device)
+    return hit.to(dtype or torch.get_default_dtype())
+
+
 def decompositions() -> dict:
     table = {
         aten.roll.default: roll,
@@ -113,5 +120,7 @@ def decompositions() -> dict:
         aten._upsample_nearest_exact2d.default: _upsample_nearest(True),
         aten._upsample_nearest_exact3d.default: _upsample_nearest(True),
         aten.isin.Tensor_Tensor: isin,
+        aten.eye.default: eye,
+        aten.eye.m: eye,
     }
     return table
