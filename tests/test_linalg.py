@@ -29,6 +29,11 @@ CASES = {
     "solve_triangular": lambda a, b, s: torch.linalg.solve_triangular(a, b, upper=True),
     "solve_triangular_right_unit": lambda a, b, s: torch.linalg.solve_triangular(
         a, b.mT, upper=False, left=False, unitriangular=True),
+    "qr": lambda a, b, s: torch.linalg.qr(a),
+    "qr_complete_wide": lambda a, b, s: torch.linalg.qr(a[:, :3, :], mode="complete"),
+    "geqrf_tall": lambda a, b, s: torch.geqrf(a[:, :, :3]),
+    "householder_product": lambda a, b, s: torch.linalg.householder_product(*torch.geqrf(a)),
+    "ormqr_transposed": lambda a, b, s: torch.ormqr(*torch.geqrf(a), b, transpose=True),
 }
 
 

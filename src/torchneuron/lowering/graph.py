@@ -127,7 +127,7 @@ def lower_call(op, info, sig: CallSignature, promote_scalars: bool = False) -> L
     before = [tuple(m.shape) for m in metas]
     try:
         args, kwargs = rebuild_all(sig, metas, sig.floats, sig.ints, _META)
-        result = op(*args, **kwargs)
+        result = _on_meta(op, args, kwargs)
     except NotImplementedError as e:
         raise NotCompilable(f"no shape function: {e}") from None
     except RuntimeError as e:
@@ -153,6 +153,18 @@ def lower_call(op, info, sig: CallSignature, promote_scalars: bool = False) -> L
     return LoweredCall(mlir, tuple(out_specs), flag, returns, what)
 
 
+def _on_meta(op, args, kwargs):
+    """The op on meta tensors; ops with no meta kernel (geqrf) get their shapes
+    from torchneuron's own decomposition, which is what will run."""
+    try:
+        return op(*args, **kwargs)
+    except NotImplementedError:
+        own = own_decompositions().get(op)
+        if own is None:
+            raise
+        return own(*args, **kwargs)
+
+
 def _shapes_independent_of_scalars(op, sig, out_specs) -> bool:
     """Scalars become runtime inputs only if results keep their shapes when
     the scalars change (not so for arange's end): check with other values."""
@@ -161,7 +173,7 @@ def _shapes_independent_of_scalars(op, sig, out_specs) -> bool:
     ints = [v * 2 + 3 for v in sig.ints]
     try:
         args, kwargs = rebuild_all(sig, metas, floats, ints, _META)
-        result = op(*args, **kwargs)
+        result = _on_meta(op, args, kwargs)
         other: list = []
         _returns_template(result, metas, other)
     except Exception:  # noqa: BLE001 - values the op refuses: treat as dependent

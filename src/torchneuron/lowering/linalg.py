@@ -248,6 +248,85 @@ def triangular_solve(B, A, upper=True, transpose=False, unitriangular=False):
     return X, A.clone() if not transpose else A.transpose(-2, -1).clone()
 
 
+def _householder(R, j):
+    """LAPACK's larfg on column j of R: (v over all rows, tau, beta)."""
+    m = R.shape[-2]
+    rows = _index(m, R.device)
+    alpha = R[..., j, j]
+    below = torch.where(rows > j, R[..., :, j], torch.zeros_like(R[..., :, j]))
+    xnorm = torch.sqrt((below * below).sum(-1))
+    norm = torch.sqrt(alpha * alpha + xnorm * xnorm)
+    beta = torch.where(alpha >= 0, -norm, norm)
+    plain = xnorm == 0  # no reflection needed: H = I
+    safe_beta = torch.where(plain, torch.ones_like(beta), beta)
+    tau = torch.where(plain, torch.zeros_like(beta), (beta - alpha) / safe_beta)
+    scale = torch.where(plain, torch.ones_like(beta), alpha - beta)
+    v = torch.where(rows == j, torch.ones_like(below), below / scale.unsqueeze(-1))
+    v = torch.where(plain.unsqueeze(-1) & (rows > j), below, v)
+    return v, tau, torch.where(plain, alpha, beta)
+
+
+def geqrf(A):
+    """(reflectors below the diagonal with R on and above it, tau), as LAPACK."""
+    _check(A)
+    m, n = A.shape[-2:]
+    R = A.clone()
+    rows = _index(m, A.device).unsqueeze(-1)
+    cols = _index(n, A.device)
+    taus = []
+    for j in range(min(m, n)):
+        v, tau, beta = _householder(R, j)
+        w = (v.unsqueeze(-1) * R).sum(-2)  # v^T R
+        update = tau.unsqueeze(-1).unsqueeze(-1) * v.unsqueeze(-1) * w.unsqueeze(-2)
+        R = torch.where(cols > j, R - update, R)
+        column = torch.where(rows.squeeze(-1) == j, beta.unsqueeze(-1), v)
+        column = torch.where(rows.squeeze(-1) < j, R[..., :, j], column)
+        R = torch.where(cols == j, column.unsqueeze(-1), R)
+        taus.append(tau)
+    tau = torch.stack(taus, -1) if taus else torch.zeros((*A.shape[:-2], 0), dtype=A.dtype, device=A.device)
+    return R, tau
+
+
+def _q_of(reflectors, tau, columns):
+    """Q = H_1 ... H_k applied to the first `columns` columns of I (orgqr)."""
+    m = reflectors.shape[-2]
+    rows = _index(m, reflectors.device)
+    Q = torch.eye(m, columns, dtype=reflectors.dtype, device=reflectors.device).expand(
+        *reflectors.shape[:-2], m, columns)
+    for j in reversed(range(tau.shape[-1])):
+        v = torch.where(rows == j, torch.ones_like(reflectors[..., :, j]), reflectors[..., :, j])
+        v = torch.where(rows < j, torch.zeros_like(v), v)
+        w = (v.unsqueeze(-1) * Q).sum(-2)
+        Q = Q - tau[..., j].unsqueeze(-1).unsqueeze(-1) * v.unsqueeze(-1) * w.unsqueeze(-2)
+    return Q
+
+
+def householder_product(A, tau):
+    _check(A, tau)
+    return _q_of(A, tau, A.shape[-1])
+
+
+def linalg_qr(A, mode="reduced"):
+    _check(A)
+    m, n = A.shape[-2:]
+    k = min(m, n)
+    reflectors, tau = geqrf(A)
+    R = torch.triu(reflectors)
+    if mode == "r":
+        return torch.empty((0,), dtype=A.dtype, device=A.device), R[..., :k, :]
+    if mode == "complete":
+        return _q_of(reflectors, tau, m), R
+    return _q_of(reflectors, tau, k), R[..., :k, :]
+
+
+def ormqr(A, tau, C, left=True, transpose=False):
+    _check(A, tau, C)
+    Q = _q_of(A, tau, A.shape[-2])
+    if transpose:
+        Q = Q.transpose(-2, -1)
+    return Q @ C if left else C @ Q
+
+
 def decompositions() -> dict:
     return {
         aten.linalg_lu_factor_ex.default: linalg_lu_factor_ex,
@@ -260,4 +339,8 @@ def decompositions() -> dict:
         aten.cholesky.default: cholesky,
         aten.linalg_solve_triangular.default: linalg_solve_triangular,
         aten.triangular_solve.default: triangular_solve,
+        aten.geqrf.default: geqrf,
+        aten.linalg_householder_product.default: householder_product,
+        aten.linalg_qr.default: linalg_qr,
+        aten.ormqr.default: ormqr,
     }
