@@ -31,6 +31,16 @@ CASES = {
     "nearest_2d_down": lambda x, y, z: F.interpolate(x.unsqueeze(0), size=(7, 3), mode="nearest"),
     "nearest_exact_1d": lambda x, y, z: F.interpolate(x, size=8, mode="nearest-exact"),
     "eye": lambda x, y, z: torch.eye(4, 6, device=x.device) + x[0, :, :1].nan_to_num(),
+    "put_accumulate": lambda x, y, z: torch.put(y, torch.tensor([0, -1, 7, 7], device=y.device),
+                                                 x[0, 0, 1:5], accumulate=True),
+    "scatter_multiply": lambda x, y, z: y.scatter(0, (z[0, :2].abs() * 2).long().clamp(max=3), z[1, :2],
+                                                  reduce="multiply"),
+    "index_reduce_amax": lambda x, y, z: z[0].nan_to_num().index_reduce(
+        0, torch.tensor([0, 2, 0], device=z.device), x[0, :3].nan_to_num(), "amax", include_self=False),
+    "cumprod_dtype": lambda x, y, z: torch.cumprod(z[0, 0], 0, dtype=torch.float32),
+    "mm_empty_inner": lambda x, y, z: torch.mm(y[:, :0], z[0, :0, :]),
+    "adaptive_max_pool2d_unbatched": lambda x, y, z: F.adaptive_max_pool2d(z, (2, 3)),
+    "number_minus_tensor_in_loss": lambda x, y, z: F.multilabel_soft_margin_loss(z[0], (z[1] > 0).float()),
     "isin": lambda x, y, z: torch.isin(x.round(), y[2, :3].round()),
     "isin_invert": lambda x, y, z: torch.isin(y.round(), x[1, 1].round(), invert=True),
 }

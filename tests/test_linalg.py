@@ -29,6 +29,8 @@ CASES = {
     "solve_triangular": lambda a, b, s: torch.linalg.solve_triangular(a, b, upper=True),
     "solve_triangular_right_unit": lambda a, b, s: torch.linalg.solve_triangular(
         a, b.mT, upper=False, left=False, unitriangular=True),
+    "linalg_lu_wide": lambda a, b, s: torch.linalg.lu(a[:, :3, :]),
+    "lu_unpack_tall": lambda a, b, s: torch.lu_unpack(*torch.linalg.lu_factor(a[:, :, :3])),
     "qr": lambda a, b, s: torch.linalg.qr(a),
     "qr_complete_wide": lambda a, b, s: torch.linalg.qr(a[:, :3, :], mode="complete"),
     "geqrf_tall": lambda a, b, s: torch.geqrf(a[:, :, :3]),

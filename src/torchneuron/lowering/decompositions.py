@@ -73,6 +73,15 @@ def own_decompositions() -> dict:
 
 
 @functools.lru_cache(maxsize=None)
+def direct_decompositions() -> dict:
+    """What the lowering calls in place of the op: the decompositions above,
+    plus rewrites that end in the op itself (not for the export's table)."""
+    table = dict(own_decompositions())
+    table.update(tensor_ops.direct_rewrites())
+    return table
+
+
+@functools.lru_cache(maxsize=None)
 def decomposition_table() -> dict:
     # Beyond the core set, PyTorch's other aten-to-aten decompositions:
     # torch-mlir lowers the smaller ops they produce where it lacks the big

@@ -55,7 +55,7 @@ def _quiet_torch_logs():
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
-from .decompositions import decomposition_table, own_decompositions
+from .decompositions import decomposition_table, direct_decompositions, own_decompositions
 
 
 @dataclass
@@ -240,10 +240,11 @@ class _CallModule(torch.nn.Module):
             elif i not in sig.mutated and tensors[i].numel():
                 tensors[i] = tensors[i].unsqueeze(0).squeeze(0)
         args, kwargs = rebuild_all(sig, tensors, floats, ints, _CPU)
+        args = _tensor_self(self.op, args, kwargs)
         if self.flag is not None:
             args, kwargs, out_of_range = index_checks.apply(self.op, args, kwargs)
             inputs[pos + self.flag].copy_(out_of_range)
-        result = own_decompositions().get(self.op, self.op)(*args, **kwargs)
+        result = direct_decompositions().get(self.op, self.op)(*args, **kwargs)
         for j, path in self.outputs:
             value, destination = _get(result, path), inputs[pos + j]
             if self.promote_scalars and value.shape != destination.shape:
@@ -255,6 +256,27 @@ class _CallModule(torch.nn.Module):
             index = torch.arange(spec.span, device=flat.device).as_strided(spec.shape, spec.stride, spec.prefix)
             flat.index_put_((index.reshape(-1),), view.reshape(-1))
         return ()
+
+
+def _tensor_self(op, args, kwargs):
+    """A number in the Tensor `self` slot (1 - x arrives as sub.Tensor(1, x))
+    becomes a 0-dim tensor of the result's dtype: torch-mlir wants a tensor there."""
+    if not args or isinstance(args[0], (torch.Tensor, bool)) or not isinstance(
+        args[0], (int, float, torch.SymInt, torch.SymFloat)
+    ):
+        return args
+    if str(op._schema.arguments[0].type) != "Tensor":
+        return args
+    others = [a for a in list(args[1:]) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+    if not others:
+        return args
+    is_float = isinstance(args[0], (float, torch.SymFloat))
+    dtype = others[0].dtype
+    if is_float and not (dtype.is_floating_point or dtype.is_complex):
+        dtype = torch.get_default_dtype()
+    elif not is_float and dtype == torch.bool:
+        dtype = torch.int64
+    return (torch.scalar_tensor(args[0], dtype=dtype), *args[1:])
 
 
 def _example(spec):

@@ -327,6 +327,41 @@ def ormqr(A, tau, C, left=True, transpose=False):
     return Q @ C if left else C @ Q
 
 
+def _permutation_matrix(pivots, m):
+    """P with A = P L U, from LAPACK's sequential row swaps."""
+    perm = _index(m, pivots.device).expand(*pivots.shape[:-1], m)
+    for k in range(pivots.shape[-1]):
+        p = pivots[..., k].to(torch.int64) - 1
+        at_k = perm[..., k]
+        at_p = torch.where(_index(m, pivots.device) == p.unsqueeze(-1), perm, torch.zeros_like(perm)).sum(-1)
+        positions = _index(m, pivots.device)
+        perm = torch.where(positions == k, at_p.unsqueeze(-1), perm)
+        perm = torch.where(positions == p.unsqueeze(-1), at_k.unsqueeze(-1), perm)
+    # Row i of P^T A is row perm[i] of A, so P[perm[i], i] = 1.
+    return (_index(m, pivots.device).unsqueeze(-1) == perm.unsqueeze(-2))
+
+
+def lu_unpack(LU, pivots, unpack_data=True, unpack_pivots=True):
+    _check(LU)
+    m, n = LU.shape[-2:]
+    k = min(m, n)
+    empty = torch.empty((0,), dtype=LU.dtype, device=LU.device)
+    P = _permutation_matrix(pivots, m).to(LU.dtype) if unpack_pivots else empty
+    if not unpack_data:
+        return P, empty, empty
+    L = torch.tril(LU[..., :, :k], -1) + torch.eye(m, k, dtype=LU.dtype, device=LU.device)
+    U = torch.triu(LU[..., :k, :])
+    return P, L, U
+
+
+def linalg_lu(A, *, pivot=True):
+    _check(A)
+    if not pivot:
+        raise NotCompilable("lu without pivoting")
+    LU, piv, _ = lu_factor(A)
+    return lu_unpack(LU, piv)
+
+
 def decompositions() -> dict:
     return {
         aten.linalg_lu_factor_ex.default: linalg_lu_factor_ex,
@@ -343,4 +378,6 @@ def decompositions() -> dict:
         aten.linalg_householder_product.default: householder_product,
         aten.linalg_qr.default: linalg_qr,
         aten.ormqr.default: ormqr,
+        aten.lu_unpack.default: lu_unpack,
+        aten.linalg_lu.default: linalg_lu,
     }

@@ -105,6 +105,83 @@ def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):
     return hit.to(dtype or torch.get_default_dtype())
 
 
+def put(x, index, source, accumulate=False):
+    flat = x.reshape(-1)
+    index = index.reshape(-1)
+    index = torch.where(index < 0, index + flat.numel(), index)
+    return torch.index_put(flat, (index,), source.reshape(-1), accumulate).reshape(x.shape)
+
+
+def scatter_with_reduce(x, dim, index, src, *, reduce):
+    names = {"add": "sum", "multiply": "prod"}
+    return torch.scatter_reduce(x, dim, index, src, names[reduce], include_self=True)
+
+
+def index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    dim = dim % max(x.dim(), 1)
+    shape = [1] * source.dim()
+    if source.dim():
+        shape[dim] = -1
+    expanded = index.reshape(shape).expand(source.shape)
+    return torch.scatter_reduce(x, dim, expanded, source, reduce, include_self=include_self)
+
+
+def _in_place(functional):
+    def decompose(x, *args, **kwargs):
+        return x.copy_(functional(x, *args, **kwargs))
+
+    return decompose
+
+
+# Rewrites of a call that end in the same op (so they must not enter the
+# export's decomposition table, where they would call themselves).
+
+
+def adaptive_max_pool2d(x, output_size):
+    """torch-mlir takes batched input with divisible sizes only; otherwise
+    one window per output cell (PyTorch's floor/ceil window bounds)."""
+    op = aten.adaptive_max_pool2d.default
+    (H, W), (oh, ow) = x.shape[-2:], output_size
+    if H % oh == 0 and W % ow == 0:
+        if x.dim() == 3:
+            return tuple(r.squeeze(0) for r in op(x.unsqueeze(0), output_size))
+        return op(x, output_size)
+    values, indices = [], []
+    for i in range(oh):
+        h0, h1 = (i * H) // oh, -((-(i + 1) * H) // oh)
+        for j in range(ow):
+            w0, w1 = (j * W) // ow, -((-(j + 1) * W) // ow)
+            v, a = x[..., h0:h1, w0:w1].flatten(-2).max(-1)
+            kw = w1 - w0
+            values.append(v)
+            indices.append((h0 + a // kw) * W + (w0 + a % kw))
+    shape = (*x.shape[:-2], oh, ow)
+    return torch.stack(values, -1).reshape(shape), torch.stack(indices, -1).reshape(shape)
+
+
+def cumprod(x, dim, dtype=None):
+    return aten.cumprod.default(x.to(dtype) if dtype is not None else x, dim)
+
+
+def _empty_inner(op):
+    def decompose(a, b, *args, **kwargs):
+        if a.shape[-1] == 0:  # the compiler crashes on a zero reduction length
+            shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+            return torch.zeros(shape, dtype=a.dtype, device=a.device)
+        return op(a, b, *args, **kwargs)
+
+    return decompose
+
+
+def direct_rewrites() -> dict:
+    return {
+        aten.adaptive_max_pool2d.default: adaptive_max_pool2d,
+        aten.cumprod.default: cumprod,
+        aten.mm.default: _empty_inner(aten.mm.default),
+        aten.bmm.default: _empty_inner(aten.bmm.default),
+    }
+
+
 def decompositions() -> dict:
     table = {
         aten.roll.default: roll,
@@ -122,5 +199,11 @@ def decompositions() -> dict:
         aten.isin.Tensor_Tensor: isin,
         aten.eye.default: eye,
         aten.eye.m: eye,
+        aten.put.default: put,
+        aten.put_.default: _in_place(put),
+        aten.scatter.reduce: scatter_with_reduce,
+        aten.scatter_.reduce: _in_place(scatter_with_reduce),
+        aten.index_reduce.default: index_reduce,
+        aten.index_reduce_.default: _in_place(index_reduce),
     }
     return table
