@@ -98,6 +98,25 @@ def isin(elements, test_elements, *, assume_unique=False, invert=False):
     return ~found if invert else found
 
 
+MAX_SCAN = 1024
+
+
+def logcumsumexp(x, dim):
+    """A masked logsumexp over each prefix (n x n): exact where a running
+    max-shift would underflow the small terms to -inf."""
+    if x.dim() == 0:
+        return x.clone()
+    n = x.shape[dim]
+    if n > MAX_SCAN:
+        raise NotImplementedError(f"logcumsumexp over more than {MAX_SCAN} elements")
+    moved = x.movedim(dim, -1)
+    pos = torch.arange(n, device=x.device)
+    prefix = pos.unsqueeze(0) <= pos.unsqueeze(1)  # [i, j]: j <= i
+    values = moved.unsqueeze(-2).expand(*moved.shape[:-1], n, n)
+    masked = torch.where(prefix, values, torch.full_like(values, -math.inf))
+    return torch.logsumexp(masked, -1).movedim(-1, dim).contiguous()
+
+
 def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):
     # PyTorch's own decomposition builds a uint8 arange, which crashes the compiler.
     m = n if m is None else m
@@ -199,6 +218,7 @@ def decompositions() -> dict:
         aten.isin.Tensor_Tensor: isin,
         aten.eye.default: eye,
         aten.eye.m: eye,
+        aten.logcumsumexp.default: logcumsumexp,
         aten.put.default: put,
         aten.put_.default: _in_place(put),
         aten.scatter.reduce: scatter_with_reduce,
