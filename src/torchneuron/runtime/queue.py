@@ -9,8 +9,11 @@ user's source line.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections import deque
+
+import numpy as np
 
 from .. import _C, config
 from ..device.hal import hal_device
@@ -43,6 +46,7 @@ def _init_types():
 
 
 _MEMORY_TYPE = _BUFFER_USAGE = 0
+_MAX_CACHED_VIEWS = 8192
 _ELEMENT_TYPES: dict = {}
 _lock = threading.Lock()
 
@@ -73,17 +77,37 @@ class DeviceQueue:
         self._pending: deque = deque()  # (value, keepalive, what, source)
         self._lock = threading.RLock()
         self._no_results = ireert.VmVariantList(0)
+        self._views: dict = {}  # (address, shape, dtype) -> HalBufferView
         self.launches = 0
 
     def import_memory(self, tensor, byte_offset: int, shape, dtype):
         """A buffer view over `shape` elements of a tensor's storage from
         byte_offset (64-byte aligned), without a copy. Imported with full access:
-        executables may overwrite it whole (fills, copies)."""
+        executables may overwrite it whole (fills, copies).
+
+        Views are cached by address, shape and dtype: the allocator hands the
+        same blocks out again, so a steady loop imports nothing. A cached view
+        holds the address only (no reference to the storage, which would keep
+        it alive); it is used only while a live tensor owns that memory, as
+        the launch that uses it keeps the tensor alive."""
+        address = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size() + byte_offset
+        key = (address, shape, dtype)
+        view = self._views.get(key)
+        if view is not None:
+            return view
         rt = self._rt
         nbytes = _numel(shape) * dtype.itemsize
-        host = _C.host_bytes(tensor, byte_offset, nbytes).numpy()
+        if nbytes == 0:
+            host = _C.host_bytes(tensor, byte_offset, 0).numpy()
+        else:
+            host = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
         buffer = self.device.allocator.import_host_allocation(host, _MEMORY_TYPE, _BUFFER_USAGE)
-        return rt.HalBufferView(buffer, shape, _ELEMENT_TYPES[dtype])
+        view = rt.HalBufferView(buffer, shape, _ELEMENT_TYPES[dtype])
+        if nbytes:
+            if len(self._views) >= _MAX_CACHED_VIEWS:
+                del self._views[next(iter(self._views))]  # oldest first
+            self._views[key] = view
+        return view
 
     def launch(self, executable, views: list, keepalive, what: str, source: str, flag=None) -> None:
         """Queue one executable. `flag`, if given, is a device bool the
