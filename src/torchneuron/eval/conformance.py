@@ -234,7 +234,10 @@ def write_markdown(path, results, command: str, max_samples: int) -> None:
         "results are compared (float32 rtol/atol 1e-4 unless the OpInfo overrides it for the",
         "CPU comparison test). **compiled-pass**: every sample matched and ran as compiled",
         "executables; **fallback-pass**: matched, with some ops on the host fallback; **fail**:",
-        "a mismatch or an error; **skipped**: no sample runs on CPU either.",
+        "a mismatch or an error; **skipped**: no sample runs on CPU either, or PyTorch's own",
+        "device-vs-CPU test (`TestCommon.test_compare_cpu`) skips the OpInfo or expects it to fail",
+        "on every device (uninitialized memory, random streams, LAPACK sign choices); those are",
+        "listed at the end.",
         "",
         f"Command: `{command}` (at most {max_samples} samples per op)  ",
         f"torchneuron {torchneuron.__version__}, torch {torch.__version__}",
@@ -251,6 +254,7 @@ def write_markdown(path, results, command: str, max_samples: int) -> None:
             f"| {dtype} | {judged + d['skipped']} | {passed} | {d['compiled-pass']} | {d['fallback-pass']} "
             f"| {d['fail']} | {d['skipped']} | {rate} | {crate} |"
         )
+    not_compared = [r for r in results if r["status"] == "skipped" and "test_compare_cpu" in r.get("error", "")]
     fallback_counts: dict = {}
     for r in results:
         for op in r.get("fallback_ops", {}):
@@ -265,5 +269,12 @@ def write_markdown(path, results, command: str, max_samples: int) -> None:
         for r in sorted(fails, key=lambda r: (r["op"], r["dtype"])):
             err = r["error"].replace("|", "\\|").replace("\n", " ")[:160]
             lines.append(f"| {r['op']} | {r['dtype']} | {err} |")
+    if not_compared:
+        lines += [
+            "",
+            "## Not compared, as in PyTorch's own suite",
+            "",
+            f"{len(not_compared)} OpInfos: " + ", ".join(sorted(f"`{r['op']}`" for r in not_compared)) + ".",
+        ]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
