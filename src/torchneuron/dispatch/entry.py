@@ -31,6 +31,21 @@ class FallbackError(RuntimeError):
 def _device_of(args, kwargs, info):
     """The op's neuron device, after checking, as CUDA does, that no tensor
     argument is on another device (0-dim CPU tensors pass as scalars)."""
+    if not kwargs:
+        # The common case, cheaply: positional tensors all on one neuron device.
+        device = None
+        for value in args:
+            if type(value) is torch.Tensor or isinstance(value, torch.Tensor):
+                d = value.device
+                if device is None:
+                    device = d
+                elif d != device:
+                    break
+            elif isinstance(value, (list, tuple)):
+                break
+        else:
+            if device is not None and device.type == _NEURON:
+                return device
     tensors = list(_named_tensors(args, kwargs, info))
     device = next((t.device for _, t in tensors if t.device.type == _NEURON), None)
     if device is None:  # a factory op: the device is an argument
