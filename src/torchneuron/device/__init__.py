@@ -36,6 +36,9 @@ def _after_fork_in_child() -> None:
     # As with CUDA: a child forked from a process that used the device cannot use it.
     if _device_was_used() or module.is_initialized():
         _C.mark_bad_fork()
+        from ..dispatch import entry
+
+        entry.unusable_reason = module.BAD_FORK
 
 
 def _apply_setting(name, value) -> None:

@@ -40,16 +40,20 @@ def _is_in_bad_fork() -> bool:
     return _C.in_bad_fork()
 
 
+BAD_FORK = (
+    "Cannot re-initialize neuron in forked subprocess. To use neuron with "
+    "multiprocessing, you must use the 'spawn' start method "
+    "(multiprocessing.set_start_method('spawn'))."
+)
+
+
 def _lazy_init() -> None:
     """Create the HAL devices; raises with the reason if neuron cannot be used."""
     global _initialized
     if _initialized:
         return
     if _C.in_bad_fork():
-        raise RuntimeError(
-            "Cannot re-initialize neuron in forked subprocess. To use neuron with "
-            "multiprocessing, you must use the 'spawn' start method"
-        )
+        raise RuntimeError(BAD_FORK)
     for i in range(_C.device_count()):
         hal.hal_device(i)
     _initialized = True

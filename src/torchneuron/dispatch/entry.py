@@ -86,7 +86,14 @@ _TRANSFERS = frozenset(
 )
 
 
+# Set in a child forked from a process that used the device: its IREE
+# runtime and compile threads did not survive the fork.
+unusable_reason = ""
+
+
 def dispatch(op, *args, **kwargs):
+    if unusable_reason:
+        raise RuntimeError(unusable_reason)
     info = op_info(op)
     stats.record(stats.dispatched, info.name)
     device = _device_of(args, kwargs, info)
