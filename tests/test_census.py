@@ -108,3 +108,12 @@ def test_one_model_matches_cpu_on_the_host_fallback_too(model):
     result = census.run_one(*arch, ["host"])
     assert result["status"] == "ran" and census_report.model_passes(result, "host"), result
     assert "aten.embedding.default" in result["ops"]
+
+
+def test_models_the_default_tiny_config_breaks_on_cpu_get_a_deeper_or_rope_fixed_variant():
+    # Multimodal RoPE splits the rotary dims into sections the tiny head must hold;
+    # the default tiny config fails on CPU, the mrope variant runs and matches.
+    archs = {a[0]: a for a in census.architectures()}
+    result = census.run_one(*archs["qwen2_vl_text"], ["host"])
+    assert result["status"] == "ran" and result["variant"] == {"mrope": True}
+    assert result["modes"]["host"]["forward"] == "pass"

@@ -73,7 +73,35 @@ def _read(cfg, key):
         return None
 
 
-def _shrink(cfg, depth: int = 0):
+# Deeper tiny variants tried when the default one fails on CPU: hybrid models
+# (Mamba/linear attention + attention) put their first attention layer past
+# layer 2, and multimodal RoPE splits the rotary dims into sections the tiny
+# head size must still hold.
+_VARIANTS = ({}, {"layers": 8}, {"mrope": True}, {"layers": 8, "mrope": True})
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
+def _rotary_sections(cfg):
+    """rope_parameters["mrope_section"] that sums to the tiny rotary half-size,
+    in the usual 2:3:3 (temporal, height, width) proportion."""
+    rope = _read(cfg, "rope_parameters")
+    heads = _read(cfg, "num_attention_heads")
+    if not isinstance(rope, dict) or not isinstance(heads, int) or not heads:
+        return
+    head_dim = _read(cfg, "head_dim")
+    if not isinstance(head_dim, int):
+        hidden = _read(cfg, "hidden_size")
+        if not isinstance(hidden, int):
+            return
+        head_dim = hidden // heads
+    half = int(head_dim * rope.get("partial_rotary_factor", 1.0)) // 2
+    if half < 3:
+        return
+    sections = [max(1, round(half * w)) for w in (0.25, 0.375)]
+    rope["mrope_section"] = sections + [half - sum(sections)]
+
+
+def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False):
     import transformers
 
     heads, kv = _read(cfg, "num_attention_heads"), _read(cfg, "num_key_value_heads")
@@ -97,6 +125,14 @@ def _shrink(cfg, depth: int = 0):
         for key, value in tiny.items():
             with contextlib.suppress(Exception):
                 setattr(cfg, key, value)
+    if layers != 2:
+        for key in _LAYER_KEYS:
+            current = _read(cfg, key)
+            if isinstance(current, int) and not isinstance(current, bool):
+                with contextlib.suppress(Exception):
+                    setattr(cfg, key, layers)
+    if mrope:
+        _rotary_sections(cfg)
     if isinstance(_read(cfg, "rotary_dim"), int):
         with contextlib.suppress(Exception):
             cfg.rotary_dim = 8
@@ -107,11 +143,11 @@ def _shrink(cfg, depth: int = 0):
     if depth < 3:
         for value in list(vars(cfg).values()):
             if isinstance(value, transformers.PretrainedConfig):
-                _shrink(value, depth + 1)
+                _shrink(value, depth + 1, layers, mrope)
     return cfg
 
 
-def build(model_type: str, cls_name: str):
+def build(model_type: str, cls_name: str, variant: dict | None = None):
     """(model, config) on CPU, eval mode, seeded; raises NotBuildable."""
     import torch
     import transformers
@@ -120,7 +156,7 @@ def build(model_type: str, cls_name: str):
     try:
         config_cls = getattr(transformers, CONFIG_MAPPING_NAMES[model_type])
         model_cls = getattr(transformers, cls_name)
-        config = _shrink(config_cls())
+        config = _shrink(config_cls(), **(variant or {}))
         torch.manual_seed(0)
         model = model_cls(config)
     except Exception as e:  # noqa: BLE001 - every way a build can fail is a reason, not a crash
@@ -276,21 +312,31 @@ def run_one(model_type: str, cls_name: str, head: str, modes: list) -> dict:
     from torchneuron.eval import registry
 
     result = {"model": model_type, "class": cls_name, "head": head, "modes": {}}
-    try:
-        model, config = build(model_type, cls_name)
-        inputs = inputs_for(model, config)
-    except NotBuildable as e:
-        result.update(status="not-buildable", reason=str(e))
+    first_error = None
+    for variant in _VARIANTS:
+        try:
+            model, config = build(model_type, cls_name, variant)
+            inputs = inputs_for(model, config)
+        except NotBuildable as e:
+            if not variant:
+                result.update(status="not-buildable", reason=str(e))
+                return result
+            continue
+        trains = any(p.requires_grad for p in model.parameters())
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        try:
+            ref_out, ref_grads = _run(model, inputs, "cpu", trains)
+            break
+        except Exception as e:  # noqa: BLE001 - the reference itself fails: not a backend result
+            first_error = first_error or _error_class(e)
+    else:
+        result.update(status="reference-error", reason=first_error)
         return result
+    if variant:
+        result["variant"] = variant
+    model.load_state_dict(state)
     result["parameters"] = sum(p.numel() for p in model.parameters())
     result["features"] = features(model, config, head, inputs)
-    trains = any(p.requires_grad for p in model.parameters())
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    try:
-        ref_out, ref_grads = _run(model, inputs, "cpu", trains)
-    except Exception as e:  # noqa: BLE001 - the reference itself fails: not a backend result
-        result.update(status="reference-error", reason=_error_class(e))
-        return result
     result["status"] = "ran"
     ops: set = set()
     for mode in modes:
