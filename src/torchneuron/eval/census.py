@@ -77,7 +77,10 @@ def _read(cfg, key):
 # (Mamba/linear attention + attention) put their first attention layer past
 # layer 2, and multimodal RoPE splits the rotary dims into sections the tiny
 # head size must still hold.
-_VARIANTS = ({}, {"layers": 8}, {"mrope": True}, {"layers": 8, "mrope": True})
+_VARIANTS = ({}, {"layers": 8}, {"mrope": True}, {"layers": 8, "mrope": True}, {"mla": True})
+# Multi-head latent attention (DeepSeek V2/V3 and kin) sizes its heads apart from head_dim.
+_TINY_MLA = {"qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 16,
+             "q_lora_rank": 16, "qk_head_dim": 16}
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
 
@@ -101,7 +104,7 @@ def _rotary_sections(cfg):
     rope["mrope_section"] = sections + [half - sum(sections)]
 
 
-def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False):
+def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False, mla: bool = False):
     import transformers
 
     heads, kv = _read(cfg, "num_attention_heads"), _read(cfg, "num_key_value_heads")
@@ -133,6 +136,15 @@ def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False):
                     setattr(cfg, key, layers)
     if mrope:
         _rotary_sections(cfg)
+    if mla:
+        for key, value in _TINY_MLA.items():
+            current = _read(cfg, key)
+            if isinstance(current, int) and not isinstance(current, bool):
+                with contextlib.suppress(Exception):
+                    setattr(cfg, key, value)
+        if isinstance(_read(cfg, "qk_rope_head_dim"), int):
+            with contextlib.suppress(Exception):
+                cfg.head_dim = cfg.qk_rope_head_dim  # what the rotary embedding is sized by
     if isinstance(_read(cfg, "rotary_dim"), int):
         with contextlib.suppress(Exception):
             cfg.rotary_dim = 8
@@ -143,7 +155,7 @@ def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False):
     if depth < 3:
         for value in list(vars(cfg).values()):
             if isinstance(value, transformers.PretrainedConfig):
-                _shrink(value, depth + 1, layers, mrope)
+                _shrink(value, depth + 1, layers, mrope, mla)
     return cfg
 
 
