@@ -131,13 +131,18 @@ class DeviceQueue:
                 raise NeuronAsyncError(f"neuron: launching {what} (issued at {source}) failed: {e}") from e
             if config.settings.launch_blocking:
                 self.synchronize()
-            elif len(self._pending) > config.settings.max_in_flight:
-                # Retire what has finished; wait only if the device is behind.
+            else:
+                # Retire what has finished at every launch: tensors a finished
+                # launch kept alive are let go at once, so their reference
+                # counts (which autograd reads to accumulate gradients in
+                # place or not) do not depend on how far behind the device is.
+                # Wait only if the device is too far behind.
                 try:
                     reached = self.semaphore.query()
                 except Exception:  # noqa: BLE001 - a failed launch: _wait_for raises it
                     reached = self.completed
-                self._retire(reached)
+                if reached > self.completed:
+                    self._retire(reached)
                 if len(self._pending) > config.settings.max_in_flight:
                     self._wait_for(self._pending[0][0])
 
