@@ -113,3 +113,16 @@ def test_histc_of_integer_tensors_works_as_on_cuda():
     assert torch.equal(got.cpu(), expected)
     floats = torch.rand(50)
     torch.testing.assert_close(torch.histc(floats.neuron(), bins=5).cpu(), torch.histc(floats, bins=5))
+
+
+def test_convolution_backward_overrideable_runs_as_convolution_backward():
+    # PyTorch's generic convolution_backward calls this on backends without a
+    # kernel of their own; CPU has none for it, so it must not reach the host as is.
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+    grad = torch.randn(2, 4, 6, 6)
+    args = ([1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, True, True])
+    expected = torch.ops.aten.convolution_backward(grad, x, w, [4], *args)
+    actual = torch.ops.aten.convolution_backward_overrideable(grad.neuron(), x.neuron(), w.neuron(), *args)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a.cpu(), e)

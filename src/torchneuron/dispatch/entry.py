@@ -141,8 +141,25 @@ def _equal(a, b):
     return bool(torch.ops.aten.eq.Tensor(a, b).all().item())
 
 
+def _convolution_backward_overrideable(grad, input, weight, stride, padding, dilation, transposed,
+                                       output_padding, groups, output_mask):
+    """What PyTorch's generic convolution_backward calls on a backend without
+    its own kernel (after the compiler declined the convolution_backward):
+    CPU has no kernel for it, so the host runs convolution_backward itself."""
+    op = torch.ops.aten.convolution_backward.default
+    bias_sizes = None
+    if output_mask[2]:
+        bias_sizes = [weight.shape[1] * groups if transposed else weight.shape[0]]
+    args = (grad, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+            output_mask)
+    return _run_on_host(op, op_info(op), args, {}, grad.device, "a convolution backward the compiler declined")
+
+
 # Ops that are better expressed through other device ops than compiled whole.
-_REWRITES = {"aten.equal.default": _equal}
+_REWRITES = {
+    "aten.equal.default": _equal,
+    "aten.convolution_backward_overrideable.default": _convolution_backward_overrideable,
+}
 
 
 def _histc_of_integers(x, bins=100, min=0, max=0):  # noqa: A002 - the op's argument names
