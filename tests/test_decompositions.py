@@ -42,6 +42,7 @@ CASES = {
     "adaptive_max_pool2d_unbatched": lambda x, y, z: F.adaptive_max_pool2d(z, (2, 3)),
     "number_minus_tensor_in_loss": lambda x, y, z: F.multilabel_soft_margin_loss(z[0], (z[1] > 0).float()),
     "logcumsumexp_wide_range": lambda x, y, z: torch.logcumsumexp(z * 300, 1),
+    "zeta_number_self": lambda x, y, z: torch.special.zeta(2.0, y.nan_to_num().abs() + 0.5),
     "isin": lambda x, y, z: torch.isin(x.round(), y[2, :3].round()),
     "isin_invert": lambda x, y, z: torch.isin(y.round(), x[1, 1].round(), invert=True),
 }
@@ -72,3 +73,15 @@ def test_all_0dim_reductions_compile_as_one_element_calls():
         assert (actual.shape, actual.dtype) == (expected.shape, expected.dtype)
         torch.testing.assert_close(actual, expected)
     assert torchneuron.fallback_ops() == {}
+
+
+def test_a_number_in_the_self_slot_also_runs_on_the_host_fallback():
+    # special.zeta(2.0, x) reaches the backend as special_zeta(2.0, x) with a
+    # Python number where the op wants a Tensor.
+    x = torch.rand(5) + 0.5
+    torchneuron.config.set(execution="host")
+    try:
+        actual = torch.special.zeta(2.0, x.to("neuron")).cpu()
+    finally:
+        torchneuron.config.set(execution="compile")
+    torch.testing.assert_close(actual, torch.special.zeta(2.0, x))

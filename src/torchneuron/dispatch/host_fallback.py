@@ -16,6 +16,7 @@ import torch
 
 from .. import _C
 from ..device import random as neuron_random
+from ..lowering.call import tensor_self
 
 _NEURON = "neuron"
 _rng_lock = threading.Lock()
@@ -97,8 +98,8 @@ def run(op, info, args, kwargs, device: torch.device):
         dst.copy_(src_host)
         return dst
 
-    host_args = _to_host(args, aliases)
     host_kwargs = {k: _to_host(v, aliases) for k, v in kwargs.items()} if kwargs else {}
+    host_args = tensor_self(op, _to_host(args, aliases), host_kwargs)
     bases = list(aliases.values())
 
     if info.seeded:

@@ -201,3 +201,26 @@ def rebuild(s, tensors, floats, ints, device):
     if isinstance(s, torch.device) and s.type == "neuron":
         return device
     return s
+
+
+def tensor_self(op, args, kwargs):
+    """A number in the Tensor `self` slot becomes a 0-dim tensor of the
+    result's dtype. PyTorch's boxed calls unwrap wrapped scalars into Python
+    numbers (1 - x arrives as sub.Tensor(1, x)); neither torch-mlir nor a
+    direct call of the op takes a number there."""
+    if not args or isinstance(args[0], (torch.Tensor, bool)) or not isinstance(
+        args[0], (int, float, torch.SymInt, torch.SymFloat)
+    ):
+        return args
+    if str(op._schema.arguments[0].type) != "Tensor":
+        return args
+    others = [a for a in list(args[1:]) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+    if not others:
+        return args
+    is_float = isinstance(args[0], (float, torch.SymFloat))
+    dtype = others[0].dtype
+    if is_float and not (dtype.is_floating_point or dtype.is_complex):
+        dtype = torch.get_default_dtype()
+    elif not is_float and dtype == torch.bool:
+        dtype = torch.int64
+    return (torch.scalar_tensor(args[0], dtype=dtype, device=others[0].device), *args[1:])

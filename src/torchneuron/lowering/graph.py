@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from . import index_checks
-from .call import CallSignature, NotCompilable, rebuild
+from .call import CallSignature, NotCompilable, rebuild, tensor_self
 
 
 class NeedsResize(NotCompilable):
@@ -127,7 +127,7 @@ def lower_call(op, info, sig: CallSignature, promote_scalars: bool = False) -> L
     before = [tuple(m.shape) for m in metas]
     try:
         args, kwargs = rebuild_all(sig, metas, sig.floats, sig.ints, _META)
-        result = _on_meta(op, args, kwargs)
+        result = _on_meta(op, tensor_self(op, args, kwargs), kwargs)
     except NotImplementedError as e:
         raise NotCompilable(f"no shape function: {e}") from None
     except RuntimeError as e:
@@ -173,7 +173,7 @@ def _shapes_independent_of_scalars(op, sig, out_specs) -> bool:
     ints = [v * 2 + 3 for v in sig.ints]
     try:
         args, kwargs = rebuild_all(sig, metas, floats, ints, _META)
-        result = _on_meta(op, args, kwargs)
+        result = _on_meta(op, tensor_self(op, args, kwargs), kwargs)
         other: list = []
         _returns_template(result, metas, other)
     except Exception:  # noqa: BLE001 - values the op refuses: treat as dependent
@@ -240,7 +240,7 @@ class _CallModule(torch.nn.Module):
             elif i not in sig.mutated and tensors[i].numel():
                 tensors[i] = tensors[i].unsqueeze(0).squeeze(0)
         args, kwargs = rebuild_all(sig, tensors, floats, ints, _CPU)
-        args = _tensor_self(self.op, args, kwargs)
+        args = tensor_self(self.op, args, kwargs)
         if self.flag is not None:
             args, kwargs, out_of_range = index_checks.apply(self.op, args, kwargs)
             inputs[pos + self.flag].copy_(out_of_range)
@@ -256,27 +256,6 @@ class _CallModule(torch.nn.Module):
             index = torch.arange(spec.span, device=flat.device).as_strided(spec.shape, spec.stride, spec.prefix)
             flat.index_put_((index.reshape(-1),), view.reshape(-1))
         return ()
-
-
-def _tensor_self(op, args, kwargs):
-    """A number in the Tensor `self` slot (1 - x arrives as sub.Tensor(1, x))
-    becomes a 0-dim tensor of the result's dtype: torch-mlir wants a tensor there."""
-    if not args or isinstance(args[0], (torch.Tensor, bool)) or not isinstance(
-        args[0], (int, float, torch.SymInt, torch.SymFloat)
-    ):
-        return args
-    if str(op._schema.arguments[0].type) != "Tensor":
-        return args
-    others = [a for a in list(args[1:]) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
-    if not others:
-        return args
-    is_float = isinstance(args[0], (float, torch.SymFloat))
-    dtype = others[0].dtype
-    if is_float and not (dtype.is_floating_point or dtype.is_complex):
-        dtype = torch.get_default_dtype()
-    elif not is_float and dtype == torch.bool:
-        dtype = torch.int64
-    return (torch.scalar_tensor(args[0], dtype=dtype), *args[1:])
 
 
 def _example(spec):
