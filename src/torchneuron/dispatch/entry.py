@@ -35,7 +35,7 @@ def _device_of(args, kwargs, info):
         # The common case, cheaply: positional tensors all on one neuron device.
         device = None
         for value in args:
-            if type(value) is torch.Tensor or isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor):
                 d = value.device
                 if device is None:
                     device = d

@@ -351,21 +351,22 @@ def modified_bessel_k1(x):
 
 
 def scaled_modified_bessel_k0(x):
-    small, large, safe = _k_small_large(x, T.scaled_modified_bessel_k0_A, T.scaled_modified_bessel_k0_B)
+    small, large, safe = _k_small_large(x, T.modified_bessel_k0_A, T.modified_bessel_k0_B)
     small = (small - _log_half(x) * i0(x)) * torch.exp(x)
     large = large / torch.sqrt(safe)
     return _k_domain(x, _where(x <= 2.0, small, large))
 
 
 def scaled_modified_bessel_k1(x):
-    small, large, safe = _k_small_large(x, T.scaled_modified_bessel_k1_A, T.scaled_modified_bessel_k1_B)
+    small, large, safe = _k_small_large(x, T.modified_bessel_k1_A, T.modified_bessel_k1_B)
     small = (_log_half(x) * i1(x) + small / x) * torch.exp(x)
     large = large / torch.sqrt(safe)
     return _k_domain(x, _where(x <= 2.0, small, large))
 
 
 def _bessel_asymptotic(x, name, phase, use_sin):
-    """The x > 5 branch shared by j0, j1, y0, y1."""
+    """The x > 5 branch shared by j0, j1, y0, y1 (y0 and y1 use the tables of
+    j0 and j1)."""
     safe = torch.clamp(x, min=5.0)
     z = 25.0 / (safe * safe)
     pp = _polevl(z, getattr(T, f"{name}_PP"))
@@ -410,7 +411,7 @@ def bessel_y0(x):
     small = _polevl(x2, T.bessel_y0_YP) / _polevl(x2, T.bessel_y0_YQ) + (
         0.636619772367581343075535053490057448 * torch.log(safe) * bessel_j0(x)
     )
-    out = _where(x <= 5.0, small, _bessel_asymptotic(x, "bessel_y0", _PI_4, True))
+    out = _where(x <= 5.0, small, _bessel_asymptotic(x, "bessel_j0", _PI_4, True))
     out = _where(x < 0, torch.full_like(x, _NAN), out)
     return _where(x == 0, torch.full_like(x, -_INF), out)
 
@@ -421,7 +422,7 @@ def bessel_y1(x):
     small = x * (_polevl(x2, T.bessel_y1_YP) / _polevl(x2, T.bessel_y1_YQ)) + (
         0.636619772367581343075535053490057448 * (bessel_j1(x) * torch.log(safe) - 1.0 / safe)
     )
-    out = _where(x <= 5.0, small, _bessel_asymptotic(x, "bessel_y1", _3PI_4, True))
+    out = _where(x <= 5.0, small, _bessel_asymptotic(x, "bessel_j1", _3PI_4, True))
     out = _where(x < 0, torch.full_like(x, _NAN), out)
     return _where(x == 0, torch.full_like(x, -_INF), out)
 
