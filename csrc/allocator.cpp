@@ -1,6 +1,11 @@
 // Device memory. On the CPU target (local-task) device memory is host memory,
 // so storages are aligned host allocations that IREE imports with no copy
 // (DLPack); the statistics and the optional limit are exact and per device.
+//
+// Freed small blocks are kept per device and size and handed out again, most
+// recent first, as CUDA's caching allocator does: a loop gets the same
+// addresses every step, so the runtime's imported buffer views (cached by
+// address) are reused instead of imported again, and malloc is not called.
 #include "neuron.h"
 
 #include <c10/util/Exception.h>
@@ -9,6 +14,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
+#include <vector>
 
 namespace torchneuron {
 namespace {
@@ -16,12 +23,21 @@ namespace {
 constexpr size_t kAlignment = 64;  // IREE's llvm-cpu buffers want 64-byte alignment
 constexpr int kMaxDevices = 64;
 
-std::mutex stats_mutex;
+constexpr size_t kMaxCachedBlock = 1 << 20;       // larger blocks go straight back
+constexpr int64_t kMaxCachedBytes = 64ll << 20;    // per device
+
+std::mutex stats_mutex;  // guards stats and the block caches
 std::array<MemoryStats, kMaxDevices> stats;
+std::array<std::unordered_map<size_t, std::vector<void*>>, kMaxDevices> free_blocks;
+
+size_t rounded_size(size_t nbytes) {
+  return ((std::max<size_t>(nbytes, 1) + kAlignment - 1) / kAlignment) * kAlignment;
+}
 
 struct Allocation {
   void* ptr;
   size_t nbytes;
+  size_t rounded;
   c10::DeviceIndex device;
 };
 
@@ -35,14 +51,30 @@ std::string format_bytes(int64_t n) {
 
 void free_allocation(void* ctx) {
   auto* a = static_cast<Allocation*>(ctx);
+  bool cached = false;
   {
     std::lock_guard<std::mutex> lock(stats_mutex);
     auto& s = stats[a->device];
     s.allocated -= static_cast<int64_t>(a->nbytes);
     s.num_frees += 1;
+    if (a->rounded <= kMaxCachedBlock && s.cached + static_cast<int64_t>(a->rounded) <= kMaxCachedBytes) {
+      free_blocks[a->device][a->rounded].push_back(a->ptr);
+      s.cached += static_cast<int64_t>(a->rounded);
+      cached = true;
+    }
   }
-  std::free(a->ptr);
+  if (!cached) std::free(a->ptr);
   delete a;
+}
+
+void* take_cached_block(c10::DeviceIndex device, size_t rounded) {
+  auto& blocks = free_blocks[device];
+  auto it = blocks.find(rounded);
+  if (it == blocks.end() || it->second.empty()) return nullptr;
+  void* ptr = it->second.back();
+  it->second.pop_back();
+  stats[device].cached -= static_cast<int64_t>(rounded);
+  return ptr;
 }
 
 struct NeuronAllocator final : c10::Allocator {
@@ -66,8 +98,17 @@ struct NeuronAllocator final : c10::Allocator {
       s.peak = std::max(s.peak, s.allocated);
       s.num_allocs += 1;
     }
-    const size_t rounded = ((std::max<size_t>(nbytes, 1) + kAlignment - 1) / kAlignment) * kAlignment;
-    void* ptr = std::aligned_alloc(kAlignment, rounded);
+    const size_t rounded = rounded_size(nbytes);
+    void* ptr = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      ptr = take_cached_block(device, rounded);
+    }
+    if (ptr == nullptr) ptr = std::aligned_alloc(kAlignment, rounded);
+    if (ptr == nullptr) {  // the host is short: give back what is kept, then retry
+      empty_cache(device);
+      ptr = std::aligned_alloc(kAlignment, rounded);
+    }
     if (ptr == nullptr) {
       std::lock_guard<std::mutex> lock(stats_mutex);
       auto& s = stats[device];
@@ -79,7 +120,7 @@ struct NeuronAllocator final : c10::Allocator {
           " on device neuron:", static_cast<int>(device),
           ": the host refused the allocation.");
     }
-    auto* ctx = new Allocation{ptr, nbytes, device};
+    auto* ctx = new Allocation{ptr, nbytes, rounded, device};
     return {ptr, ctx, &free_allocation, dev};
   }
 
@@ -107,6 +148,20 @@ void reset_peak_memory(c10::DeviceIndex index) {
   check_device_index(index);
   std::lock_guard<std::mutex> lock(stats_mutex);
   stats[index].peak = stats[index].allocated;
+}
+
+void empty_cache(c10::DeviceIndex index) {
+  check_device_index(index);
+  std::vector<void*> released;
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    for (auto& [size, blocks] : free_blocks[index]) {
+      released.insert(released.end(), blocks.begin(), blocks.end());
+    }
+    free_blocks[index].clear();
+    stats[index].cached = 0;
+  }
+  for (void* ptr : released) std::free(ptr);
 }
 
 void set_memory_limit(c10::DeviceIndex index, int64_t bytes) {

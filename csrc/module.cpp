@@ -84,8 +84,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     d["num_frees"] = s.num_frees;
     d["num_ooms"] = s.num_ooms;
     d["limit"] = s.limit;
+    d["cached"] = s.cached;
     return d;
   });
+  m.def("empty_cache", [](int i) { empty_cache(static_cast<c10::DeviceIndex>(i)); });
   m.def("reset_peak_memory", [](int i) { reset_peak_memory(static_cast<c10::DeviceIndex>(i)); });
   m.def("set_memory_limit", [](int i, int64_t bytes) {
     set_memory_limit(static_cast<c10::DeviceIndex>(i), bytes);

@@ -33,10 +33,12 @@ struct MemoryStats {
   int64_t num_frees = 0;       // allocations freed
   int64_t num_ooms = 0;        // allocations refused by the limit
   int64_t limit = 0;           // 0: no limit
+  int64_t cached = 0;          // bytes in freed blocks kept for reuse
 };
 MemoryStats memory_stats(c10::DeviceIndex index);
 void reset_peak_memory(c10::DeviceIndex index);
 void set_memory_limit(c10::DeviceIndex index, int64_t bytes);
+void empty_cache(c10::DeviceIndex index);  // frees the blocks kept for reuse
 c10::Allocator* neuron_allocator();
 
 // Called (with the GIL taken) by synchronize(); set by the Python runtime.

@@ -187,3 +187,61 @@ def test_scalars_that_set_result_shapes_stay_constants():
     for end in (6.0, 10.0, 3.0):
         torch.testing.assert_close(torch.arange(end, device="neuron").cpu(), torch.arange(end))
     torch.testing.assert_close(torch.linspace(0, 1, 5, device="neuron").cpu(), torch.linspace(0, 1, 5))
+
+
+def _cached_launches() -> int:
+    return torchneuron.compile_stats()["cached_launches"]
+
+
+def test_repeated_calls_launch_by_cheap_key_with_their_own_values():
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 4), torch.randn(8, 4)
+    na, nb = a.neuron(), b.neuron()
+    torch.sum(na * nb, [1], keepdim=True)  # the full path compiles and remembers these
+    na.add(nb, alpha=0.5)
+    before = _cached_launches()
+    for alpha in (2.0, -1.0):  # a keyword number: a runtime input, read per call
+        torch.testing.assert_close(na.add(nb, alpha=alpha).cpu(), a.add(b, alpha=alpha))
+    c = torch.randn(8, 4)  # new data, same key
+    torch.testing.assert_close(torch.sum(c.neuron() * nb, [1], keepdim=True).cpu(),
+                               torch.sum(c * b, [1], keepdim=True), rtol=1e-5, atol=1e-5)
+    assert _cached_launches() - before == 4
+    # Another dim list is another executable, not the remembered one.
+    torch.testing.assert_close(torch.sum(na * nb, [0]).cpu(), torch.sum(a * b, [0]), rtol=1e-5, atol=1e-5)
+
+
+def test_cheap_key_leaves_aliasing_strided_and_host_arguments_to_the_full_path():
+    x, y = torch.randn(16), torch.randn(16)
+    nx, ny = x.clone().neuron(), y.neuron()
+    nx.add_(ny)  # remembered: writes its first argument
+    x.add_(y)
+    before = _cached_launches()
+    nx.add_(nx)  # same key, but the op would read what it writes: not launched by key
+    x.add_(x)
+    torch.testing.assert_close(nx.cpu(), x)
+    assert _cached_launches() == before
+    m = torch.randn(4, 8)
+    nm = m.neuron()
+    torch.testing.assert_close((nm.t() * 2).cpu(), m.t() * 2)  # strided: the full path
+    torch.testing.assert_close((nm.t() * 2).cpu(), m.t() * 2)
+    assert _cached_launches() == before
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        ny * torch.randn(16)  # same shapes as a remembered call, a host tensor: refused
+
+
+def test_allocator_reuses_freed_blocks_and_empty_cache_releases_them():
+    torch.neuron.empty_cache()
+    base = torch.neuron.memory_allocated()
+    x = torch.empty(1000, device="neuron")
+    address = x.data_ptr()
+    del x
+    assert torch.neuron.memory_allocated() == base
+    assert torch.neuron.memory_reserved() >= base + 4000  # kept for reuse
+    y = torch.empty(1000, device="neuron")
+    assert y.data_ptr() == address  # the same block again
+    del y
+    torch.neuron.empty_cache()
+    assert torch.neuron.memory_reserved() == torch.neuron.memory_allocated() == base
+    big = torch.empty(1 << 19, device="neuron")  # 2 MiB: never kept
+    del big
+    assert torch.neuron.memory_reserved() == base

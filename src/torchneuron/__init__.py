@@ -82,11 +82,13 @@ def compile_stats() -> dict:
     """The compile path: the in-memory executable cache (hits, misses, compiles
     here, compile seconds, bytes), where executables came from (`sources`:
     compiled here, disk, remote, service, peer rank), the disk and remote
-    layers, signatures planned, and why ops could not be compiled."""
+    layers, signatures planned, calls launched by their cheap key
+    (`cached_launches`, of `launch_keys` remembered), and why ops could not be
+    compiled."""
     from .cache import executable_cache, layers
     from .cache.disk import disk_cache
     from .cache.remote import remote_store
-    from .dispatch import eager
+    from .dispatch import cached_launch, eager
 
     disk, remote = disk_cache(), remote_store()
     with layers.stats.lock:
@@ -97,6 +99,8 @@ def compile_stats() -> dict:
         **(disk.stats() if disk is not None else {}),
         **(remote.stats() if remote is not None else {}),
         "signatures": eager.plan_count(),
+        "launch_keys": cached_launch.count(),
+        "cached_launches": cached_launch.hits,
         "not_compiled": dict(_stats.fallback_reasons),
     }
 

@@ -10,6 +10,7 @@ from ..memory import (  # noqa: F401 - re-exported as torch.neuron.*
     max_memory_allocated,
     memory_allocated,
     memory_limit,
+    memory_reserved,
     memory_stats,
     reset_peak_memory_stats,
     set_memory_limit,

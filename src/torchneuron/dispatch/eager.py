@@ -22,7 +22,8 @@ from ..lowering import NeedsResize, NotCompilable, lower_call, signature_of
 from ..lowering.graph import promotable_scalars
 from ..lowering.call import baked_ops
 from ..runtime import LoadedExecutable, device_queue, user_source_line
-from . import stats, warm_start
+from . import cached_launch, stats, warm_start
+from .cached_launch import assemble
 
 
 class Plan:
@@ -223,7 +224,9 @@ def plan_for(op, info, args, kwargs):
     return plan, sig
 
 
-def run(op, info, args, kwargs, device: torch.device):
+def run(op, info, args, kwargs, device: torch.device, remember: bool = False):
+    """Run one call compiled; `remember`: let later calls with the same cheap
+    key skip the signature (cached_launch)."""
     plan, sig = plan_for(op, info, args, kwargs)
     if type(plan) is _ResizeFirst:
         for i, shape in plan.shapes.items():
@@ -233,7 +236,7 @@ def run(op, info, args, kwargs, device: torch.device):
             raise NotCompilable("out= arguments keep needing a resize")
     if plan.executable is None:  # empty results: nothing to run
         outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in plan.out_specs]
-        return _assemble(plan.returns, sig.tensors, outs)
+        return assemble(plan.returns, sig.tensors, outs)
     queue = device_queue(device.index)
     views = []
     keepalive = [sig.tensors]
@@ -263,19 +266,9 @@ def run(op, info, args, kwargs, device: torch.device):
     flag = outs[plan.flag] if plan.flag is not None else None
     queue.launch(plan.executable, views, keepalive, plan.what, user_source_line(), flag)
     stats.record(stats.compiled, info.name)
-    return _assemble(plan.returns, sig.tensors, outs)
-
-
-def _assemble(template, tensors, outs):
-    if template is None:
-        return None
-    kind = template[0]
-    if kind == "out":
-        return outs[template[1]]
-    if kind == "arg":
-        return tensors[template[1]]
-    items = [_assemble(t, tensors, outs) for t in template[1]]
-    return items if kind == "list" else tuple(items)
+    if remember:
+        cached_launch.remember(op, info, args, kwargs, sig, plan, device)
+    return assemble(plan.returns, sig.tensors, outs)
 
 
 def plan_count() -> int:
@@ -285,3 +278,4 @@ def plan_count() -> int:
 def reset() -> None:
     with _plans_lock:
         _plans.clear()
+        cached_launch.reset()

@@ -17,7 +17,7 @@ from .. import _C, config
 from .. import runtime
 from ..lowering import NotCompilable
 from ..eval import registry as shape_registry
-from . import eager, host_fallback, stats, warm_start
+from . import cached_launch, eager, host_fallback, stats, warm_start
 from .op_info import METADATA_OPS, op_info
 
 _NEURON = "neuron"
@@ -92,6 +92,10 @@ unusable_reason = ""
 
 
 def dispatch(op, *args, **kwargs):
+    if not unusable_reason and config.settings.execution == "compile" and shape_registry._recorder is None:
+        result = cached_launch.run(op, args, kwargs)
+        if result is not cached_launch.MISS:
+            return result
     if unusable_reason:
         raise RuntimeError(unusable_reason)
     info = op_info(op)
@@ -118,7 +122,7 @@ def dispatch(op, *args, **kwargs):
             if result is not NotImplemented:
                 return result
         try:
-            return eager.run(op, info, args, kwargs, device)
+            return eager.run(op, info, args, kwargs, device, remember=True)
         except NotCompilable as e:
             reason = str(e)
             stats.fallback_reasons.setdefault(info.name, reason)

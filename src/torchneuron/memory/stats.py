@@ -22,6 +22,12 @@ def reset_peak_memory_stats(device=None) -> None:
     _C.reset_peak_memory(device_index(device))
 
 
+def memory_reserved(device=None) -> int:
+    """Bytes held by live tensors plus freed blocks the allocator keeps for reuse."""
+    s = _C.memory_stats(device_index(device))
+    return s["allocated"] + s["cached"]
+
+
 def memory_stats(device=None) -> "OrderedDict[str, int]":
     """The allocator's statistics, under the key names torch.cuda.memory_stats() uses."""
     s = _C.memory_stats(device_index(device))
@@ -32,14 +38,22 @@ def memory_stats(device=None) -> "OrderedDict[str, int]":
             ("allocation.all.allocated", s["num_allocs"]),
             ("allocation.all.freed", s["num_frees"]),
             ("allocation.all.current", s["num_allocs"] - s["num_frees"]),
+            ("reserved_bytes.all.current", s["allocated"] + s["cached"]),
+            ("inactive_split_bytes.all.current", s["cached"]),
             ("num_ooms", s["num_ooms"]),
             ("memory_limit_bytes", s["limit"]),
         ]
     )
 
 
-def empty_cache() -> None:
-    """Freed memory goes straight back to the device (no caching allocator yet)."""
+def empty_cache(device=None) -> None:
+    """Give the freed blocks the allocator keeps for reuse back to the device
+    (small blocks, up to 64 MiB per device, are kept; larger ones never are)."""
+    if device is None:
+        for index in range(_C.device_count()):
+            _C.empty_cache(index)
+    else:
+        _C.empty_cache(device_index(device))
 
 
 def set_memory_limit(limit_bytes: int, device=None) -> None:

@@ -78,6 +78,7 @@ class DeviceQueue:
         self._lock = threading.RLock()
         self._no_results = ireert.VmVariantList(0)
         self._views: dict = {}  # (address, shape, dtype) -> HalBufferView
+        self.cached_views = self._views  # read directly on the hot path
         self.launches = 0
 
     def import_memory(self, tensor, byte_offset: int, shape, dtype):

@@ -1,0 +1,201 @@
+"""The hot path of compile-first eager: a call whose plan is known launches
+without building its full signature.
+
+A plan is remembered under a cheap key (the op, and per argument its
+tensor's shape, dtype and device, a number's kind, or a constant's value) once
+the full path has compiled it and checked that this key takes the call apart
+exactly as the full signature does. Calls with strided or unaligned tensors,
+host tensors, or arguments of other types (devices, strings) take the full
+path. A tiny op costs about a third of what the full path costs
+(docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..lowering.call import ALIGNMENT, baked_ops, param_arg_names
+from ..runtime import device_queue, user_source_line
+from . import stats
+
+MISS = object()
+_Tensor = torch.Tensor
+_FLOAT, _INT = "float", "int"  # a runtime number's place in a key
+
+_launches: dict = {}  # cheap key -> _Launch
+_MAX_LAUNCHES = 16384
+_params: dict = {}  # op -> (per position, by name): is a number there a runtime input
+hits = 0  # calls launched here (compile_stats()["cached_launches"])
+
+
+class _Launch:
+    __slots__ = ("plan", "device", "index", "writes", "name")
+
+    def __init__(self, plan, device, writes, name):
+        self.plan = plan
+        self.device = device
+        self.index = device.index
+        self.writes = writes  # the op writes an argument: check aliasing per call
+        self.name = name
+
+
+def _params_of(op, info):
+    params = _params.get(op)
+    if params is None:
+        names = frozenset() if info.name in baked_ops else param_arg_names(op)
+        params = _params[op] = (tuple(n in names for n in info.arg_names), names)
+    return params
+
+
+def _key(op, args, kwargs, params):
+    """(key, tensors, floats, ints), or None when the call needs the full path."""
+    key = [op]
+    tensors = []
+    numbers = ([], [])  # runtime floats, ints
+    positional, names = params
+    for i, a in enumerate(args):
+        if not _leaf(a, i < len(positional) and positional[i], key, tensors, numbers):
+            return None
+    for name, a in kwargs.items():
+        key.append(name)
+        if not _leaf(a, name in names, key, tensors, numbers):
+            return None
+    return tuple(key), tensors, numbers[0], numbers[1]
+
+
+def _leaf(a, param, key, tensors, numbers) -> bool:
+    """Add one argument to the key; False when the full path must take it."""
+    if isinstance(a, _Tensor):
+        if not a.is_contiguous() or a.data_ptr() % ALIGNMENT:
+            return False
+        tensors.append(a)
+        key.append(a.shape)
+        key.append(a.dtype)
+        key.append(a.device)
+        return True
+    t = type(a)
+    if t is float or t is int:
+        if param:
+            numbers[t is int].append(a)
+            key.append(_INT if t is int else _FLOAT)
+        else:
+            key.append(t)
+            key.append(a)
+        return True
+    if a is None or t is bool:
+        key.append(a)
+        return True
+    if t is list or t is tuple:
+        key.append(t)
+        key.append(len(a))
+        return all(_leaf(x, param, key, tensors, numbers) for x in a)
+    if t is torch.dtype:
+        key.append(a)
+        return True
+    return False
+
+
+def remember(op, info, args, kwargs, sig, plan, device) -> None:
+    """Called after the full path launched `plan` for this call: remember it
+    under the cheap key if that key takes the call apart the same way."""
+    if plan.executable is None or any(spec.on_host or spec.stride is not None for spec in sig.specs):
+        return
+    _params.pop(op, None)  # which numbers are runtime inputs changes when an op is baked
+    found = _key(op, args, kwargs, _params_of(op, info))
+    if found is None:
+        return
+    key, tensors, floats, ints = found
+    if (
+        len(tensors) != len(sig.tensors)
+        or any(a is not b for a, b in zip(tensors, sig.tensors))
+        or floats != sig.floats
+        or ints != sig.ints
+    ):
+        return
+    if len(_launches) >= _MAX_LAUNCHES:
+        del _launches[next(iter(_launches))]
+    _launches[key] = _Launch(plan, device, bool(sig.mutated), info.name)
+
+
+def run(op, args, kwargs):
+    """The call's results if its plan is remembered, else MISS."""
+    params = _params.get(op)
+    if params is None:
+        return MISS
+    found = _key(op, args, kwargs, params)
+    if found is None:
+        return MISS
+    key, tensors, floats, ints = found
+    launch = _launches.get(key)
+    if launch is None:
+        return MISS
+    if launch.writes and _shares_memory(tensors):
+        return MISS  # the full path says why it cannot compile this
+    plan = launch.plan
+    queue = device_queue(launch.index)
+    views = queue.cached_views
+    imp = queue.import_memory
+    bound = []
+    for t in tensors:
+        dtype = t.dtype
+        shape = t.shape
+        view = views.get((t.data_ptr(), shape, dtype))
+        bound.append(view if view is not None else imp(t, t.storage_offset() * dtype.itemsize, shape, dtype))
+    keepalive = [tensors]
+    if floats:
+        packed = torch.tensor(floats, dtype=torch.float64)
+        keepalive.append(packed)
+        bound.append(imp(packed, 0, (len(floats),), torch.float64))
+    if ints:
+        packed = torch.tensor(ints, dtype=torch.int64)
+        keepalive.append(packed)
+        bound.append(imp(packed, 0, (len(ints),), torch.int64))
+    device = launch.device
+    outs = []
+    for shape, dtype in plan.out_specs:
+        out = torch.empty(shape, dtype=dtype, device=device)
+        outs.append(out)
+        view = views.get((out.data_ptr(), shape, dtype))
+        bound.append(view if view is not None else imp(out, 0, shape, dtype))
+    keepalive.append(outs)
+    flag = outs[plan.flag] if plan.flag is not None else None
+    queue.launch(plan.executable, bound, keepalive, plan.what, user_source_line(), flag)
+    stats.dispatched[launch.name] += 1
+    stats.compiled[launch.name] += 1
+    global hits
+    hits += 1
+    returns = plan.returns
+    if returns is not None:
+        kind = returns[0]
+        if kind == "out":
+            return outs[returns[1]]
+        if kind == "arg":
+            return tensors[returns[1]]
+    return assemble(returns, tensors, outs)
+
+
+def assemble(template, tensors, outs):
+    """An op's results from its plan's template: new outputs and written arguments."""
+    if template is None:
+        return None
+    kind = template[0]
+    if kind == "out":
+        return outs[template[1]]
+    if kind == "arg":
+        return tensors[template[1]]
+    items = [assemble(t, tensors, outs) for t in template[1]]
+    return items if kind == "list" else tuple(items)
+
+
+def _shares_memory(tensors) -> bool:
+    storages = [t.untyped_storage().data_ptr() for t in tensors]
+    return len(set(storages)) != len(storages)
+
+
+def count() -> int:
+    return len(_launches)
+
+
+def reset() -> None:
+    _launches.clear()
+    _params.clear()
