@@ -33,33 +33,27 @@ def main() -> None:
     big_c = torch.randn(1024, 1024)
     big_n = big_c.to("neuron")
 
-    def on(mode, fn):
-        def run():
-            torchneuron.config.set(execution=mode)
-            return fn()
-        return run
+    def mode(name):
+        return lambda: torchneuron.config.set(execution=name)
 
-    # Warm the executable cache: the figures are for cached executables.
-    for mode in ("compile", "host"):
-        on(mode, lambda: small_n + small_n)()
-        on(mode, lambda: big_n @ big_n)()
-    torch.neuron.synchronize()
+    # The execution mode is switched before each timed block, not per call.
+    modes = {"compiled": mode("compile"), "host": mode("host")}
     torchneuron.reset_stats()
     tiny = time_interleaved(
         {
             "cpu": lambda: small_c + small_c,
-            "compiled": on("compile", lambda: small_n + small_n),
-            "host": on("host", lambda: small_n + small_n),
+            "compiled": lambda: small_n + small_n,
+            "host": lambda: small_n + small_n,
         },
-        repeats=args.repeats, inner=200,
+        repeats=args.repeats, inner=1000, setup=modes,
     )
     matmul = time_interleaved(
         {
             "cpu": lambda: big_c @ big_c,
-            "compiled": on("compile", lambda: big_n @ big_n),
-            "host": on("host", lambda: big_n @ big_n),
+            "compiled": lambda: big_n @ big_n,
+            "host": lambda: big_n @ big_n,
         },
-        repeats=args.repeats, inner=3,
+        repeats=args.repeats, inner=3, setup=modes,
     )
     torchneuron.config.set(execution="compile")
     rows = [

@@ -13,22 +13,30 @@ from pathlib import Path
 import torch
 
 
-def time_interleaved(cases: dict, repeats: int, inner: int, warmup: int = 3) -> dict:
+def time_interleaved(cases: dict, repeats: int, inner: int, warmup: int = 3, setup: dict | None = None) -> dict:
     """Median seconds per call of each case, timing the cases in turn so that
     machine noise hits them alike. Each case is a zero-argument callable that
-    returns something to synchronize on (or None)."""
-    for fn in cases.values():
+    returns something to synchronize on (or None); setup[name], if given, runs
+    untimed before each of its case's timed blocks (a mode switch)."""
+    setup = setup or {}
+    for name, fn in cases.items():
+        setup.get(name, _nothing)()
         for _ in range(warmup):
             _sync(fn())
     samples = {name: [] for name in cases}
     for _ in range(repeats):
         for name, fn in cases.items():
+            setup.get(name, _nothing)()
             start = time.perf_counter()
             for _ in range(inner):
                 out = fn()
             _sync(out)
             samples[name].append((time.perf_counter() - start) / inner)
     return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def _nothing() -> None:
+    pass
 
 
 def _sync(out) -> None:

@@ -245,3 +245,25 @@ def test_allocator_reuses_freed_blocks_and_empty_cache_releases_them():
     big = torch.empty(1 << 19, device="neuron")  # 2 MiB: never kept
     del big
     assert torch.neuron.memory_reserved() == base
+
+
+def test_small_launches_run_inline_after_queued_large_ones():
+    torch.manual_seed(0)
+    queue = device_queue(0)
+    assert queue.inline is not None  # the CPU task pool has an inline lane
+    a = torch.randn(512, 512) / 16
+    n = a.neuron()
+    torch.neuron.synchronize()
+    task, inline = queue.task.launches, queue.inline.launches
+    big = torch.tanh(n @ n)  # 262144 elements: queued on the task pool
+    small = big[:4, :8].contiguous() * 2  # reads what the task pool writes: runs inline, after it
+    again = big + small.sum()  # and the task pool reads what ran inline
+    expected_big = torch.tanh(a @ a)
+    expected_small = expected_big[:4, :8] * 2
+    torch.testing.assert_close(small.cpu(), expected_small, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(again.cpu(), expected_big + expected_small.sum(), rtol=1e-4, atol=1e-4)
+    assert queue.task.launches - task >= 3 and queue.inline.launches - inline >= 3
+    torchneuron.config.set(inline_elements=0)  # every launch on the task pool
+    inline = queue.inline.launches
+    torch.testing.assert_close((n[:2] * 3).cpu(), a[:2] * 3)
+    assert queue.inline.launches == inline

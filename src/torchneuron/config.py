@@ -57,6 +57,9 @@ class Settings:
     )
     # Make every launch synchronous, so errors surface at the op that caused them.
     launch_blocking: bool = field(default_factory=lambda: _env_int("TORCHNEURON_LAUNCH_BLOCKING", 0) != 0)
+    # Launches whose largest tensor has at most this many elements run inline
+    # on the calling thread (local-task driver only; 0: never).
+    inline_elements: int = field(default_factory=lambda: _env_int("TORCHNEURON_INLINE_ELEMENTS", 65536))
     # Launches queued on a device before the host waits for the oldest.
     max_in_flight: int = field(default_factory=lambda: _env_int("TORCHNEURON_MAX_IN_FLIGHT", 64))
     # Compile workers (0: one per core).

@@ -49,6 +49,28 @@ def hal_device(index: int):
         return device
 
 
+# Small launches run inline on the calling thread (IREE's local-sync driver)
+# when the devices are the CPU's task pool: handing a tiny op to a worker
+# thread costs more than running it (docs/architecture.md).
+INLINE_DRIVERS = {"local-task": "local-sync"}
+_inline: dict = {}
+
+
+def inline_device(index: int):
+    """The HAL device small launches of neuron:index run on, or None when the
+    driver has no inline counterpart."""
+    inline_driver = INLINE_DRIVERS.get(config.settings.driver)
+    if inline_driver is None or inline_driver not in available_drivers():
+        return None
+    with _lock:
+        device = _inline.get(index)
+        if device is None:
+            import iree.runtime as ireert
+
+            device = _inline[index] = ireert.get_driver(inline_driver).create_default_device()
+        return device
+
+
 def created_devices() -> dict:
     with _lock:
         return dict(_devices)
@@ -57,3 +79,4 @@ def created_devices() -> dict:
 def release_devices() -> None:
     with _lock:
         _devices.clear()
+        _inline.clear()

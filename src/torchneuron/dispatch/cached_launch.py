@@ -133,8 +133,9 @@ def run(op, args, kwargs):
         return MISS  # the full path says why it cannot compile this
     plan = launch.plan
     queue = device_queue(launch.index)
-    views = queue.cached_views
-    imp = queue.import_memory
+    lane = queue.lane_for(plan.largest)
+    views = lane.views
+    imp = lane.import_memory
     bound = []
     for t in tensors:
         dtype = t.dtype
@@ -159,7 +160,7 @@ def run(op, args, kwargs):
         bound.append(view if view is not None else imp(out, 0, shape, dtype))
     keepalive.append(outs)
     flag = outs[plan.flag] if plan.flag is not None else None
-    queue.launch(plan.executable, bound, keepalive, plan.what, user_source_line(), flag)
+    queue.launch(plan.executable, bound, keepalive, plan.what, user_source_line(), flag, lane)
     stats.dispatched[launch.name] += 1
     stats.compiled[launch.name] += 1
     global hits

@@ -27,7 +27,7 @@ from .cached_launch import assemble
 
 
 class Plan:
-    __slots__ = ("executable", "flag", "out_specs", "returns", "what")
+    __slots__ = ("executable", "flag", "out_specs", "returns", "what", "largest")
 
     def __init__(self, executable, out_specs, flag, returns, what):
         self.executable = executable
@@ -35,6 +35,7 @@ class Plan:
         self.flag = flag
         self.returns = returns
         self.what = what
+        self.largest = None  # elements of the largest tensor it reads or writes (picks the lane)
 
 
 class _ResizeFirst:
@@ -238,11 +239,14 @@ def run(op, info, args, kwargs, device: torch.device, remember: bool = False):
         outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in plan.out_specs]
         return assemble(plan.returns, sig.tensors, outs)
     queue = device_queue(device.index)
+    if plan.largest is None:
+        plan.largest = largest_tensor(sig.specs, plan.out_specs)
+    lane = queue.lane_for(plan.largest)
     views = []
     keepalive = [sig.tensors]
     # One import path for everything (measured: cheaper per launch than
     # DLPack imports, and it grants the write access fills need).
-    imp = queue.import_memory
+    imp = lane.import_memory
     for t, spec in zip(sig.tensors, sig.specs):
         if spec.stride is None:
             views.append(imp(t, t.storage_offset() * spec.dtype.itemsize, spec.shape, spec.dtype))
@@ -264,11 +268,24 @@ def run(op, info, args, kwargs, device: torch.device, remember: bool = False):
         views.append(imp(out, 0, shape, dtype))
     keepalive.append(outs)
     flag = outs[plan.flag] if plan.flag is not None else None
-    queue.launch(plan.executable, views, keepalive, plan.what, user_source_line(), flag)
+    queue.launch(plan.executable, views, keepalive, plan.what, user_source_line(), flag, lane)
     stats.record(stats.compiled, info.name)
     if remember:
         cached_launch.remember(op, info, args, kwargs, sig, plan, device)
     return assemble(plan.returns, sig.tensors, outs)
+
+
+def largest_tensor(specs, out_specs) -> int:
+    sizes = [spec.span if spec.stride is not None else _numel(spec.shape) for spec in specs]
+    sizes += [_numel(shape) for shape, _ in out_specs]
+    return max(sizes, default=0)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def plan_count() -> int:

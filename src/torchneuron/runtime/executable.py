@@ -12,21 +12,25 @@ class LoadedExecutable:
         self.vmfb = vmfb
         self.key = key
         self.what = what
-        self._contexts: dict = {}  # device index -> (context, async entry function)
+        self._contexts: dict = {}  # lane -> (context, async entry function)
         self._lock = threading.Lock()
 
-    def entry(self, queue):
-        loaded = self._contexts.get(queue.index)
+    def entry(self, lane):
+        """(context, function) on a queue lane (runtime.queue.Lane), loaded once."""
+        loaded = self._contexts.get(lane)
         if loaded is None:
             with self._lock:
-                loaded = self._contexts.get(queue.index)
+                loaded = self._contexts.get(lane)
                 if loaded is None:
                     import iree.runtime as ireert
 
-                    module = ireert.VmModule.copy_buffer(queue.instance, self.vmfb)
-                    context = ireert.VmContext(queue.instance, modules=[queue.hal_module, module])
+                    from .queue import _vm_instance
+
+                    instance = _vm_instance()
+                    module = ireert.VmModule.copy_buffer(instance, self.vmfb)
+                    context = ireert.VmContext(instance, modules=[lane.hal_module, module])
                     fn = module.lookup_function("main$async")
                     if fn is None:
                         raise RuntimeError(f"neuron: executable for {self.what} has no async entry point")
-                    loaded = self._contexts[queue.index] = (context, fn)
+                    loaded = self._contexts[lane] = (context, fn)
         return loaded

@@ -1,7 +1,8 @@
-"""One launch queue per device, ordered by a HAL timeline semaphore.
+"""One launch queue per device, ordered by HAL timeline semaphores.
 
 Launch n waits for value n-1 and signals n, so launches run in order on IREE's
-worker threads while Python goes on. Tensors a launch uses are kept alive
+worker threads while Python goes on; small launches run inline instead, which
+costs less than handing them to a worker. Tensors a launch uses are kept alive
 until it is known to be done. Reading on the host (`synchronize`) waits for the
 last value; a failed launch is raised there, naming the op, its shapes and the
 user's source line.
@@ -16,7 +17,7 @@ from collections import deque
 import numpy as np
 
 from .. import _C, config
-from ..device.hal import hal_device
+from ..device.hal import hal_device, inline_device
 from .errors import NeuronAsyncError
 
 _instance = None
@@ -60,26 +61,24 @@ def _vm_instance():
     return _instance
 
 
-class DeviceQueue:
-    def __init__(self, index: int):
+class Lane:
+    """One HAL device's in-order timeline: launch n waits for value n-1 and
+    signals n. Imports host memory into its device (views cached by address)."""
+
+    def __init__(self, device, inline: bool):
         import iree.runtime as ireert
 
-        if not _ELEMENT_TYPES:
-            _init_types()
         self._rt = ireert
-        self.index = index
-        self.device = hal_device(index)
-        self.instance = _vm_instance()
-        self.hal_module = ireert.create_hal_module(self.instance, self.device)
-        self.semaphore = self.device.create_semaphore(0)
+        self.device = device
+        self.inline = inline  # runs each launch on the calling thread
+        self.hal_module = ireert.create_hal_module(_vm_instance(), device)
+        self.semaphore = device.create_semaphore(0)
         self.value = 0  # last value signalled by a launch
         self.completed = 0  # highest value known to be reached
-        self._pending: deque = deque()  # (value, keepalive, what, source)
-        self._lock = threading.RLock()
-        self._no_results = ireert.VmVariantList(0)
-        self._views: dict = {}  # (address, shape, dtype) -> HalBufferView
-        self.cached_views = self._views  # read directly on the hot path
+        self.pending: deque = deque()  # (value, keepalive, what, source, flag)
+        self.views: dict = {}  # (address, shape, dtype) -> HalBufferView
         self.launches = 0
+        self._no_results = ireert.VmVariantList(0)
 
     def import_memory(self, tensor, byte_offset: int, shape, dtype):
         """A buffer view over `shape` elements of a tensor's storage from
@@ -93,7 +92,7 @@ class DeviceQueue:
         the launch that uses it keeps the tensor alive."""
         address = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size() + byte_offset
         key = (address, shape, dtype)
-        view = self._views.get(key)
+        view = self.views.get(key)
         if view is not None:
             return view
         rt = self._rt
@@ -105,62 +104,50 @@ class DeviceQueue:
         buffer = self.device.allocator.import_host_allocation(host, _MEMORY_TYPE, _BUFFER_USAGE)
         view = rt.HalBufferView(buffer, shape, _ELEMENT_TYPES[dtype])
         if nbytes:
-            if len(self._views) >= _MAX_CACHED_VIEWS:
-                del self._views[next(iter(self._views))]  # oldest first
-            self._views[key] = view
+            if len(self.views) >= _MAX_CACHED_VIEWS:
+                del self.views[next(iter(self.views))]  # oldest first
+            self.views[key] = view
         return view
 
-    def launch(self, executable, views: list, keepalive, what: str, source: str, flag=None) -> None:
-        """Queue one executable. `flag`, if given, is a device bool the
-        executable sets when its indices were out of range."""
-        context, fn = executable.entry(self)
+    def busy(self) -> bool:
+        return self.value > self.completed
+
+    def invoke(self, context, fn, views, keepalive, what, source, flag) -> None:
         rt = self._rt
-        with self._lock:
-            args = rt.VmVariantList(len(views) + 2)
-            for view in views:
-                args.push_ref(view)
-            args.push_ref(rt.HalFence.create_at(self.semaphore, self.value))
-            self.value += 1
-            args.push_ref(rt.HalFence.create_at(self.semaphore, self.value))
-            self._pending.append((self.value, keepalive, what, source, flag))
-            self.launches += 1
-            try:
-                context.invoke(fn, args, self._no_results)
-            except Exception as e:  # the launch itself was refused
-                self._pending.pop()
-                self.value -= 1
-                raise NeuronAsyncError(f"neuron: launching {what} (issued at {source}) failed: {e}") from e
-            if config.settings.launch_blocking:
-                self.synchronize()
-            else:
-                # Retire what has finished at every launch: tensors a finished
-                # launch kept alive are let go at once, so their reference
-                # counts (which autograd reads to accumulate gradients in
-                # place or not) do not depend on how far behind the device is.
-                # Wait only if the device is too far behind.
-                try:
-                    reached = self.semaphore.query()
-                except Exception:  # noqa: BLE001 - a failed launch: _wait_for raises it
-                    reached = self.completed
-                if reached > self.completed:
-                    self._retire(reached)
-                if len(self._pending) > config.settings.max_in_flight:
-                    self._wait_for(self._pending[0][0])
+        args = rt.VmVariantList(len(views) + 2)
+        for view in views:
+            args.push_ref(view)
+        args.push_ref(rt.HalFence.create_at(self.semaphore, self.value))
+        self.value += 1
+        args.push_ref(rt.HalFence.create_at(self.semaphore, self.value))
+        self.pending.append((self.value, keepalive, what, source, flag))
+        try:
+            context.invoke(fn, args, self._no_results)
+        except Exception as e:  # the launch itself was refused
+            self.pending.pop()
+            self.value -= 1
+            raise NeuronAsyncError(f"neuron: launching {what} (issued at {source}) failed: {e}") from e
+        self.launches += 1
 
-    def synchronize(self) -> None:
-        with self._lock:
-            if self._pending:
-                self._wait_for(self.value)
+    def reached(self) -> int:
+        try:
+            return self.semaphore.query()
+        except Exception:  # noqa: BLE001 - a failed launch: wait() raises it
+            return self.completed
 
-    def _wait_for(self, value: int) -> None:
+    def wait(self, value: int, index: int):
+        """Wait until `value` is reached; the first launch found to have used
+        an out-of-range index, or None."""
         try:
             self.semaphore.wait(value)
         except Exception as e:
-            self._raise_failure(e)
-        self._retire(value)
+            self._raise_failure(e, index)
+        return self.retire(value)
 
-    def _retire(self, value: int) -> None:
-        pending = self._pending
+    def retire(self, value: int):
+        """Let go of what launches up to `value` kept alive; the first one
+        whose index check failed, or None."""
+        pending = self.pending
         bad = None
         while pending and pending[0][0] <= value:
             entry = pending.popleft()
@@ -168,20 +155,12 @@ class DeviceQueue:
             if flag is not None and bad is None and _C.host_alias(flag).item():
                 bad = entry
         self.completed = max(self.completed, value)
-        if bad is not None:
-            _, _, what, source, _ = bad
-            raise NeuronAsyncError(
-                f"neuron: {what} (issued at {source}) used an index out of range "
-                "(device-side check; the indices were clamped and its results are invalid)"
-            )
+        return bad
 
-    def _raise_failure(self, error: Exception) -> None:
-        try:
-            reached = self.semaphore.query()
-        except Exception:  # noqa: BLE001 - a failed semaphore may refuse queries
-            reached = self.completed
-        failed = next((p for p in self._pending if p[0] > reached), None)
-        self._pending.clear()
+    def _raise_failure(self, error: Exception, index: int) -> None:
+        reached = self.reached()
+        failed = next((p for p in self.pending if p[0] > reached), None)
+        self.pending.clear()
         # The timeline is poisoned: continue on a fresh one.
         self.semaphore = self.device.create_semaphore(0)
         self.value = self.completed = 0
@@ -189,11 +168,86 @@ class DeviceQueue:
             raise NeuronAsyncError(f"neuron: an asynchronous op failed: {error}") from error
         _, _, what, source, _ = failed
         raise NeuronAsyncError(
-            f"neuron: {what} failed on neuron:{self.index} (issued at {source}): {error}"
+            f"neuron: {what} failed on neuron:{index} (issued at {source}): {error}"
         ) from error
 
+
+class DeviceQueue:
+    """The launch queue of one neuron device: the HAL device's timeline, and
+    for the CPU task pool an inline lane that small launches run on.
+
+    The lanes are ordered on the host: a launch on the inline lane first waits
+    for the task lane, and an inline launch is finished when it returns, so
+    the next task launch has nothing to wait for. An index check that failed
+    is raised at the next sync point, from whichever lane."""
+
+    def __init__(self, index: int):
+        if not _ELEMENT_TYPES:
+            _init_types()
+        self.index = index
+        self.instance = _vm_instance()
+        self.task = Lane(hal_device(index), inline=False)
+        inline = inline_device(index) if config.settings.inline_elements > 0 else None
+        self.inline = Lane(inline, inline=True) if inline is not None else None
+        self._lock = threading.RLock()
+        self._bad = None  # a launch whose index check failed, raised at the next sync
+        self.launches = 0
+
+    def lane_for(self, elements: int) -> Lane:
+        """The lane for a launch whose largest tensor has `elements` elements."""
+        if self.inline is not None and elements <= config.settings.inline_elements:
+            return self.inline
+        return self.task
+
+    # The task lane's imports, for callers that do not pick a lane.
+    def import_memory(self, tensor, byte_offset: int, shape, dtype):
+        return self.task.import_memory(tensor, byte_offset, shape, dtype)
+
+    def launch(self, executable, views: list, keepalive, what: str, source: str, flag=None, lane=None) -> None:
+        """Queue one executable on `lane` (default: the task lane), whose
+        imports `views` are. `flag`, if given, is a device bool the executable
+        sets when its indices were out of range."""
+        lane = lane or self.task
+        context, fn = executable.entry(lane)
+        with self._lock:
+            task = self.task
+            if lane is not task and task.busy():
+                self._note(task.wait(task.value, self.index))
+            lane.invoke(context, fn, views, keepalive, what, source, flag)
+            self.launches += 1
+            if config.settings.launch_blocking:
+                self.synchronize()
+                return
+            # Retire what has finished at every launch: tensors a finished
+            # launch kept alive are let go at once, so their reference counts
+            # (which autograd reads to accumulate gradients in place or not)
+            # do not depend on how far behind the device is. Wait only if the
+            # device is too far behind.
+            reached = lane.reached()
+            if reached > lane.completed:
+                self._note(lane.retire(reached))
+            if len(lane.pending) > config.settings.max_in_flight:
+                self._note(lane.wait(lane.pending[0][0], self.index))
+
+    def _note(self, bad) -> None:
+        if bad is not None and self._bad is None:
+            self._bad = bad
+
+    def synchronize(self) -> None:
+        with self._lock:
+            for lane in (self.task, self.inline):
+                if lane is not None and lane.pending:
+                    self._note(lane.wait(lane.value, self.index))
+            bad, self._bad = self._bad, None
+        if bad is not None:
+            _, _, what, source, _ = bad
+            raise NeuronAsyncError(
+                f"neuron: {what} (issued at {source}) used an index out of range "
+                "(device-side check; the indices were clamped and its results are invalid)"
+            )
+
     def pending(self) -> int:
-        return len(self._pending)
+        return sum(len(lane.pending) for lane in (self.task, self.inline) if lane is not None)
 
 
 def device_queue(index: int) -> DeviceQueue:
