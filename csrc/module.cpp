@@ -2,6 +2,8 @@
 #include "neuron.h"
 
 #include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
 
@@ -62,6 +64,18 @@ at::Tensor device_copy_of(const at::Tensor& host, int index) {
   return out;
 }
 
+// A new contiguous device tensor, without the dispatcher and argument
+// parsing of torch.empty: the per-launch output allocation of compiled ops.
+at::Tensor empty_device(const std::vector<int64_t>& sizes, at::ScalarType dtype, int index) {
+  check_usable();
+  TORCH_CHECK_TYPE((supported_dtypes_mask.load() >> static_cast<int>(dtype)) & 1ull,
+                   "neuron: dtype ", c10::toString(dtype), " cannot be held by the current target");
+  const c10::Device device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index));
+  const c10::DeviceGuard guard(device);
+  return at::detail::empty_generic(sizes, neuron_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   dtype, std::nullopt);
+}
+
 } // namespace
 } // namespace torchneuron
 
@@ -75,6 +89,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mark_bad_fork", &mark_bad_fork);
   m.def("in_bad_fork", &in_bad_fork);
   m.def("mark_unusable", &mark_unusable);
+  m.def("empty", &empty_device);
   m.def("memory_stats", [](int i) {
     auto s = memory_stats(static_cast<c10::DeviceIndex>(i));
     pybind11::dict d;

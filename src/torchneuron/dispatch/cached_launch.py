@@ -16,6 +16,7 @@ import torch
 
 from ..lowering.call import ALIGNMENT, baked_ops, param_arg_names
 from ..runtime import device_queue, user_source_line
+from .. import _C
 from . import stats
 
 MISS = object()
@@ -29,11 +30,10 @@ hits = 0  # calls launched here (compile_stats()["cached_launches"])
 
 
 class _Launch:
-    __slots__ = ("plan", "device", "index", "writes", "name")
+    __slots__ = ("plan", "index", "writes", "name")
 
     def __init__(self, plan, device, writes, name):
         self.plan = plan
-        self.device = device
         self.index = device.index
         self.writes = writes  # the op writes an argument: check aliasing per call
         self.name = name
@@ -151,10 +151,10 @@ def run(op, args, kwargs):
         packed = torch.tensor(ints, dtype=torch.int64)
         keepalive.append(packed)
         bound.append(imp(packed, 0, (len(ints),), torch.int64))
-    device = launch.device
+    index = launch.index
     outs = []
     for shape, dtype in plan.out_specs:
-        out = torch.empty(shape, dtype=dtype, device=device)
+        out = new_output(shape, dtype, index)
         outs.append(out)
         view = views.get((out.data_ptr(), shape, dtype))
         bound.append(view if view is not None else imp(out, 0, shape, dtype))
@@ -173,6 +173,9 @@ def run(op, args, kwargs):
         if kind == "arg":
             return tensors[returns[1]]
     return assemble(returns, tensors, outs)
+
+
+new_output = _C.empty  # (shape, dtype, device index): a contiguous device tensor
 
 
 def assemble(template, tensors, outs):

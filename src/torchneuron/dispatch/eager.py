@@ -23,7 +23,7 @@ from ..lowering.graph import promotable_scalars
 from ..lowering.call import baked_ops
 from ..runtime import LoadedExecutable, device_queue, user_source_line
 from . import cached_launch, stats, warm_start
-from .cached_launch import assemble
+from .cached_launch import assemble, new_output
 
 
 class Plan:
@@ -262,8 +262,9 @@ def run(op, info, args, kwargs, device: torch.device, remember: bool = False):
         keepalive.append(packed)
         views.append(imp(packed, 0, (len(sig.ints),), torch.int64))
     outs = []
+    index = device.index
     for shape, dtype in plan.out_specs:
-        out = torch.empty(shape, dtype=dtype, device=device)
+        out = new_output(shape, dtype, index)
         outs.append(out)
         views.append(imp(out, 0, shape, dtype))
     keepalive.append(outs)
