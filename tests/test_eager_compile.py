@@ -210,7 +210,7 @@ def test_repeated_calls_launch_by_cheap_key_with_their_own_values():
     torch.testing.assert_close(torch.sum(na * nb, [0]).cpu(), torch.sum(a * b, [0]), rtol=1e-5, atol=1e-5)
 
 
-def test_cheap_key_leaves_aliasing_strided_and_host_arguments_to_the_full_path():
+def test_cheap_key_leaves_aliasing_written_views_and_host_arguments_to_the_full_path():
     x, y = torch.randn(16), torch.randn(16)
     nx, ny = x.clone().neuron(), y.neuron()
     nx.add_(ny)  # remembered: writes its first argument
@@ -222,11 +222,25 @@ def test_cheap_key_leaves_aliasing_strided_and_host_arguments_to_the_full_path()
     assert _cached_launches() == before
     m = torch.randn(4, 8)
     nm = m.neuron()
-    torch.testing.assert_close((nm.t() * 2).cpu(), m.t() * 2)  # strided: the full path
-    torch.testing.assert_close((nm.t() * 2).cpu(), m.t() * 2)
+    for _ in range(2):  # a view the op writes: the full path checks it each call
+        nm.t().mul_(2)
+        m.t().mul_(2)
+    torch.testing.assert_close(nm.cpu(), m)
     assert _cached_launches() == before
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         ny * torch.randn(16)  # same shapes as a remembered call, a host tensor: refused
+
+
+def test_strided_views_launch_by_cheap_key_at_their_own_offsets():
+    m = torch.randn(6, 40)
+    nm = m.neuron()
+    (nm[1:, 3:].t() * 2).cpu()
+    before = _cached_launches()
+    for start in (1, 2):  # another offset in the same storage: same key only if the span matches
+        torch.testing.assert_close((nm[start:start + 5, 3:].t() * 2).cpu(), m[start:start + 5, 3:].t() * 2)
+    other = torch.randn(6, 40)
+    torch.testing.assert_close((other.neuron()[1:, 3:].t() * 2).cpu(), other[1:, 3:].t() * 2)
+    assert _cached_launches() > before
 
 
 def test_allocator_reuses_freed_blocks_and_empty_cache_releases_them():

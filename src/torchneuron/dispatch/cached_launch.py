@@ -4,9 +4,8 @@ without building its full signature.
 A plan is remembered under a cheap key (the op, and per argument its
 tensor's shape, dtype and device, a number's kind, or a constant's value) once
 the full path has compiled it and checked that this key takes the call apart
-exactly as the full signature does. Calls with strided or unaligned tensors,
-host tensors, or arguments of other types (devices, strings) take the full
-path. A tiny op costs about a third of what the full path costs
+exactly as the full signature does. Calls with host tensors, views the op
+writes, or arguments of other types take the full path. A tiny op costs about a third of what the full path costs
 (docs/benchmarks.md).
 """
 
@@ -14,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..lowering.call import ALIGNMENT, baked_ops, param_arg_names
+from ..lowering.call import ALIGNMENT, NotCompilable, baked_ops, param_arg_names, tensor_spec
 from ..runtime import device_queue, user_source_line
 from .. import _C
 from . import stats
@@ -30,12 +29,12 @@ hits = 0  # calls launched here (compile_stats()["cached_launches"])
 
 
 class _Launch:
-    __slots__ = ("plan", "index", "writes", "name")
+    __slots__ = ("plan", "index", "writes", "name")  # writes: indices of tensors the op writes
 
     def __init__(self, plan, device, writes, name):
         self.plan = plan
         self.index = device.index
-        self.writes = writes  # the op writes an argument: check aliasing per call
+        self.writes = writes
         self.name = name
 
 
@@ -48,30 +47,43 @@ def _params_of(op, info):
 
 
 def _key(op, args, kwargs, params):
-    """(key, tensors, floats, ints), or None when the call needs the full path."""
+    """(key, tensors, spans, floats, ints), or None when the call needs the
+    full path. spans[i]: None for a tensor passed directly, else its
+    TensorSpec (a strided view, passed as the span of storage around it)."""
     key = [op]
     tensors = []
+    spans = []
     numbers = ([], [])  # runtime floats, ints
     positional, names = params
     for i, a in enumerate(args):
-        if not _leaf(a, i < len(positional) and positional[i], key, tensors, numbers):
+        if not _leaf(a, i < len(positional) and positional[i], key, tensors, spans, numbers):
             return None
     for name, a in kwargs.items():
         key.append(name)
-        if not _leaf(a, name in names, key, tensors, numbers):
+        if not _leaf(a, name in names, key, tensors, spans, numbers):
             return None
-    return tuple(key), tensors, numbers[0], numbers[1]
+    return tuple(key), tensors, spans, numbers[0], numbers[1]
 
 
-def _leaf(a, param, key, tensors, numbers) -> bool:
+_CONSTANT_TYPES = (str, torch.dtype, torch.layout, torch.memory_format)
+
+
+def _leaf(a, param, key, tensors, spans, numbers) -> bool:
     """Add one argument to the key; False when the full path must take it."""
     if isinstance(a, _Tensor):
-        if not a.is_contiguous() or a.data_ptr() % ALIGNMENT:
-            return False
         tensors.append(a)
-        key.append(a.shape)
-        key.append(a.dtype)
         key.append(a.device)
+        if a.is_contiguous() and not a.data_ptr() % ALIGNMENT:
+            spans.append(None)
+            key.append(a.shape)
+            key.append(a.dtype)
+            return True
+        try:
+            spec = tensor_spec(a)
+        except NotCompilable:
+            return False
+        spans.append(spec)
+        key.append(spec)
         return True
     t = type(a)
     if t is float or t is int:
@@ -88,8 +100,11 @@ def _leaf(a, param, key, tensors, numbers) -> bool:
     if t is list or t is tuple:
         key.append(t)
         key.append(len(a))
-        return all(_leaf(x, param, key, tensors, numbers) for x in a)
-    if t is torch.dtype:
+        return all(_leaf(x, param, key, tensors, spans, numbers) for x in a)
+    if isinstance(a, _CONSTANT_TYPES):
+        key.append(a)
+        return True
+    if t is torch.device and a.index is not None:  # no index: the current device, which may change
         key.append(a)
         return True
     return False
@@ -98,13 +113,15 @@ def _leaf(a, param, key, tensors, numbers) -> bool:
 def remember(op, info, args, kwargs, sig, plan, device) -> None:
     """Called after the full path launched `plan` for this call: remember it
     under the cheap key if that key takes the call apart the same way."""
-    if plan.executable is None or any(spec.on_host or spec.stride is not None for spec in sig.specs):
+    if plan.executable is None or any(spec.on_host for spec in sig.specs):
         return
+    if sig.mutated and any(spec.stride is not None for spec in sig.specs):
+        return  # a written view may overlap itself: the full path checks each call
     _params.pop(op, None)  # which numbers are runtime inputs changes when an op is baked
     found = _key(op, args, kwargs, _params_of(op, info))
     if found is None:
         return
-    key, tensors, floats, ints = found
+    key, tensors, _, floats, ints = found
     if (
         len(tensors) != len(sig.tensors)
         or any(a is not b for a, b in zip(tensors, sig.tensors))
@@ -114,7 +131,7 @@ def remember(op, info, args, kwargs, sig, plan, device) -> None:
         return
     if len(_launches) >= _MAX_LAUNCHES:
         del _launches[next(iter(_launches))]
-    _launches[key] = _Launch(plan, device, bool(sig.mutated), info.name)
+    _launches[key] = _Launch(plan, device, tuple(sorted(sig.mutated)), info.name)
 
 
 def run(op, args, kwargs):
@@ -125,11 +142,11 @@ def run(op, args, kwargs):
     found = _key(op, args, kwargs, params)
     if found is None:
         return MISS
-    key, tensors, floats, ints = found
+    key, tensors, spans, floats, ints = found
     launch = _launches.get(key)
     if launch is None:
         return MISS
-    if launch.writes and _shares_memory(tensors):
+    if launch.writes and _writes_shared_memory(tensors, launch.writes):
         return MISS  # the full path says why it cannot compile this
     plan = launch.plan
     queue = device_queue(launch.index)
@@ -137,11 +154,14 @@ def run(op, args, kwargs):
     views = lane.views
     imp = lane.import_memory
     bound = []
-    for t in tensors:
+    for t, span in zip(tensors, spans):
         dtype = t.dtype
-        shape = t.shape
-        view = views.get((t.data_ptr(), shape, dtype))
-        bound.append(view if view is not None else imp(t, t.storage_offset() * dtype.itemsize, shape, dtype))
+        if span is None:
+            shape = t.shape
+            view = views.get((t.data_ptr(), shape, dtype))
+            bound.append(view if view is not None else imp(t, t.storage_offset() * dtype.itemsize, shape, dtype))
+        else:
+            bound.append(imp(t, (t.storage_offset() - span.prefix) * dtype.itemsize, (span.span,), dtype))
     keepalive = [tensors]
     if floats:
         packed = torch.tensor(floats, dtype=torch.float64)
@@ -191,9 +211,10 @@ def assemble(template, tensors, outs):
     return items if kind == "list" else tuple(items)
 
 
-def _shares_memory(tensors) -> bool:
+def _writes_shared_memory(tensors, writes) -> bool:
+    """An argument the op writes shares memory with another argument."""
     storages = [t.untyped_storage().data_ptr() for t in tensors]
-    return len(set(storages)) != len(storages)
+    return any(storages.count(storages[i]) > 1 for i in writes)
 
 
 def count() -> int:

@@ -90,7 +90,7 @@ _param_names_cache: dict = {}
 baked_ops: set = {"aten.pow.Tensor_Scalar", "aten.pow_.Scalar", "aten.pow.Scalar", "aten.float_power.Tensor_Scalar"}
 
 
-def _tensor_spec(t: torch.Tensor) -> TensorSpec:
+def tensor_spec(t: torch.Tensor) -> TensorSpec:
     on_host = t.device.type != "neuron"
     if t.is_contiguous() and t.data_ptr() % ALIGNMENT == 0:
         return TensorSpec(t.dtype, tuple(t.shape), None, 0, 0, on_host)
@@ -148,7 +148,7 @@ def signature_of(op, info, args, kwargs) -> CallSignature:
         leaf(v, (arg_names[i] if i < len(arg_names) else None) in params) for i, v in enumerate(args)
     )
     kw = tuple((k, leaf(v, k in params)) for k, v in kwargs.items())
-    specs = tuple(_tensor_spec(t) for t in tensors)
+    specs = tuple(tensor_spec(t) for t in tensors)
 
     mutated = frozenset()
     if info.mutated_args:
