@@ -29,8 +29,11 @@ class LoadedExecutable:
                     instance = _vm_instance()
                     module = ireert.VmModule.copy_buffer(instance, self.vmfb)
                     context = ireert.VmContext(instance, modules=[lane.hal_module, module])
-                    fn = module.lookup_function("main$async")
+                    # An inline lane runs the synchronous entry; the task lane
+                    # the asynchronous one, which takes a wait and a signal fence.
+                    name = "main" if lane.inline else "main$async"
+                    fn = module.lookup_function(name)
                     if fn is None:
-                        raise RuntimeError(f"neuron: executable for {self.what} has no async entry point")
+                        raise RuntimeError(f"neuron: executable for {self.what} has no {name} entry point")
                     loaded = self._contexts[lane] = (context, fn)
         return loaded

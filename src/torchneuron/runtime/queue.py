@@ -63,7 +63,8 @@ def _vm_instance():
 
 class Lane:
     """One HAL device's in-order timeline: launch n waits for value n-1 and
-    signals n. Imports host memory into its device (views cached by address)."""
+    signals n; an inline lane (local-sync) runs each launch synchronously
+    instead. Imports host memory into its device (views cached by address)."""
 
     def __init__(self, device, inline: bool):
         import iree.runtime as ireert
@@ -111,6 +112,18 @@ class Lane:
 
     def busy(self) -> bool:
         return self.value > self.completed
+
+    def run_inline(self, context, fn, views, what, source) -> None:
+        """Run the executable's synchronous entry on the calling thread: it is
+        finished when this returns, so nothing is kept alive or retired."""
+        args = self._rt.VmVariantList(len(views))
+        for view in views:
+            args.push_ref(view)
+        try:
+            context.invoke(fn, args, self._no_results)
+        except Exception as e:
+            raise NeuronAsyncError(f"neuron: {what} (issued at {source}) failed: {e}") from e
+        self.launches += 1
 
     def invoke(self, context, fn, views, keepalive, what, source, flag) -> None:
         rt = self._rt
@@ -211,8 +224,16 @@ class DeviceQueue:
         context, fn = executable.entry(lane)
         with self._lock:
             task = self.task
-            if lane is not task and task.busy():
-                self._note(task.wait(task.value, self.index))
+            if lane.inline:
+                if task.busy():
+                    self._note(task.wait(task.value, self.index))
+                lane.run_inline(context, fn, views, what, source)
+                self.launches += 1
+                if flag is not None and _C.host_alias(flag).item():
+                    self._note((lane.value, keepalive, what, source, flag))
+                if config.settings.launch_blocking:
+                    self.synchronize()
+                return
             lane.invoke(context, fn, views, keepalive, what, source, flag)
             self.launches += 1
             if config.settings.launch_blocking:
