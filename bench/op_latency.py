@@ -119,7 +119,7 @@ def _tiny_op_parts(x, repeats: int) -> dict:
 
     def invoke():
         if lane.inline:
-            lane.run_inline(context, fn, views, "add", "bench")
+            lane.run_inline(context, fn, views, "add")
         else:
             lane.invoke(context, fn, views, None, "add", "bench", None)
             lane.wait(lane.value, queue.index)

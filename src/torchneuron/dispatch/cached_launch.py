@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..lowering.call import ALIGNMENT, NotCompilable, baked_ops, param_arg_names, tensor_spec
-from ..runtime import device_queue, user_source_line
+from ..runtime import device_queue
 from .. import _C
 from . import stats
 
@@ -29,11 +29,12 @@ hits = 0  # calls launched here (compile_stats()["cached_launches"])
 
 
 class _Launch:
-    __slots__ = ("plan", "index", "writes", "name")  # writes: indices of tensors the op writes
+    __slots__ = ("plan", "index", "queue", "writes", "name")  # writes: indices of tensors the op writes
 
     def __init__(self, plan, device, writes, name):
         self.plan = plan
         self.index = device.index
+        self.queue = device_queue(device.index)
         self.writes = writes
         self.name = name
 
@@ -149,7 +150,7 @@ def run(op, args, kwargs):
     if launch.writes and _writes_shared_memory(tensors, launch.writes):
         return MISS  # the full path says why it cannot compile this
     plan = launch.plan
-    queue = device_queue(launch.index)
+    queue = launch.queue
     lane = queue.lane_for(plan.largest)
     views = lane.views
     imp = lane.import_memory
@@ -180,7 +181,7 @@ def run(op, args, kwargs):
         bound.append(view if view is not None else imp(out, 0, shape, dtype))
     keepalive.append(outs)
     flag = outs[plan.flag] if plan.flag is not None else None
-    queue.launch(plan.executable, bound, keepalive, plan.what, user_source_line(), flag, lane)
+    queue.launch(plan.executable, bound, keepalive, plan.what, flag, lane)
     stats.dispatched[launch.name] += 1
     stats.compiled[launch.name] += 1
     global hits

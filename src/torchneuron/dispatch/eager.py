@@ -21,7 +21,7 @@ from ..compiler.progress import progress
 from ..lowering import NeedsResize, NotCompilable, lower_call, signature_of
 from ..lowering.graph import promotable_scalars
 from ..lowering.call import baked_ops
-from ..runtime import LoadedExecutable, device_queue, user_source_line
+from ..runtime import LoadedExecutable, device_queue
 from . import cached_launch, stats, warm_start
 from .cached_launch import assemble, new_output
 
@@ -269,7 +269,7 @@ def run(op, info, args, kwargs, device: torch.device, remember: bool = False):
         views.append(imp(out, 0, shape, dtype))
     keepalive.append(outs)
     flag = outs[plan.flag] if plan.flag is not None else None
-    queue.launch(plan.executable, views, keepalive, plan.what, user_source_line(), flag, lane)
+    queue.launch(plan.executable, views, keepalive, plan.what, flag, lane)
     stats.record(stats.compiled, info.name)
     if remember:
         cached_launch.remember(op, info, args, kwargs, sig, plan, device)

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import _C, config
 from ..device.hal import hal_device, inline_device
-from .errors import NeuronAsyncError
+from .errors import NeuronAsyncError, user_source_line
 
 _instance = None
 _queues: dict = {}
@@ -113,7 +113,7 @@ class Lane:
     def busy(self) -> bool:
         return self.value > self.completed
 
-    def run_inline(self, context, fn, views, what, source) -> None:
+    def run_inline(self, context, fn, views, what) -> None:
         """Run the executable's synchronous entry on the calling thread: it is
         finished when this returns, so nothing is kept alive or retired."""
         args = self._rt.VmVariantList(len(views))
@@ -122,7 +122,7 @@ class Lane:
         try:
             context.invoke(fn, args, self._no_results)
         except Exception as e:
-            raise NeuronAsyncError(f"neuron: {what} (issued at {source}) failed: {e}") from e
+            raise NeuronAsyncError(f"neuron: {what} (issued at {user_source_line()}) failed: {e}") from e
         self.launches += 1
 
     def invoke(self, context, fn, views, keepalive, what, source, flag) -> None:
@@ -216,10 +216,12 @@ class DeviceQueue:
     def import_memory(self, tensor, byte_offset: int, shape, dtype):
         return self.task.import_memory(tensor, byte_offset, shape, dtype)
 
-    def launch(self, executable, views: list, keepalive, what: str, source: str, flag=None, lane=None) -> None:
+    def launch(self, executable, views: list, keepalive, what: str, flag=None, lane=None) -> None:
         """Queue one executable on `lane` (default: the task lane), whose
         imports `views` are. `flag`, if given, is a device bool the executable
-        sets when its indices were out of range."""
+        sets when its indices were out of range. Errors name the user's source
+        line, found only when it is needed: an inline launch is still on the
+        user's stack when it fails."""
         lane = lane or self.task
         context, fn = executable.entry(lane)
         with self._lock:
@@ -227,14 +229,14 @@ class DeviceQueue:
             if lane.inline:
                 if task.busy():
                     self._note(task.wait(task.value, self.index))
-                lane.run_inline(context, fn, views, what, source)
+                lane.run_inline(context, fn, views, what)
                 self.launches += 1
                 if flag is not None and _C.host_alias(flag).item():
-                    self._note((lane.value, keepalive, what, source, flag))
+                    self._note((lane.value, keepalive, what, user_source_line(), flag))
                 if config.settings.launch_blocking:
                     self.synchronize()
                 return
-            lane.invoke(context, fn, views, keepalive, what, source, flag)
+            lane.invoke(context, fn, views, keepalive, what, user_source_line(), flag)
             self.launches += 1
             if config.settings.launch_blocking:
                 self.synchronize()
