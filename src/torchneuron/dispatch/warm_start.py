@@ -107,7 +107,10 @@ def _preload(disk, ids: list, device_index: int) -> None:
                 continue
             _describe_op(record.get("op"))
             if getattr(plan, "executable", None) is not None:
-                plan.executable.entry(queue.task)
+                # Its launches' lane depends on their shapes: load it on both.
+                for lane in (queue.task, queue.inline):
+                    if lane is not None:
+                        plan.executable.entry(lane)
             with _lock:
                 _preloaded[pid] = plan
     except Exception:  # noqa: BLE001 - an optimization: the program loads on demand instead
