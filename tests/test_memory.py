@@ -73,3 +73,11 @@ def test_hal_buffer_view_aliases_storage():
     assert host[2, 3].item() == 12.0  # ... seen through IREE's buffer
     with pytest.raises(ValueError, match="contiguous"):
         to_buffer_view(x.t())
+
+
+def test_output_allocation_refuses_a_dtype_the_target_cannot_hold():
+    from torchneuron import _C
+
+    assert _C.empty((2, 3), torch.float32, 0).shape == (2, 3)
+    with pytest.raises(TypeError, match="ComplexFloat cannot be held by the current target"):
+        _C.empty((2,), torch.complex64, 0)

@@ -57,12 +57,7 @@ def _key(op, args, kwargs, params):
     numbers = ([], [])  # runtime floats, ints
     positional, names = params
     for i, a in enumerate(args):
-        # Contiguous aligned tensors, the common case, without a call.
-        if isinstance(a, _Tensor) and a.is_contiguous() and not a.data_ptr() % ALIGNMENT:
-            tensors.append(a)
-            spans.append(None)
-            key += (a.device, a.shape, a.dtype)
-        elif not _leaf(a, i < len(positional) and positional[i], key, tensors, spans, numbers):
+        if not _leaf(a, i < len(positional) and positional[i], key, tensors, spans, numbers):
             return None
     for name, a in kwargs.items():
         key.append(name)

@@ -8,6 +8,7 @@ or the arguments it wrote to.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 
@@ -277,16 +278,10 @@ def run(op, info, args, kwargs, device: torch.device, remember: bool = False):
 
 
 def largest_tensor(specs, out_specs) -> int:
-    sizes = [spec.span if spec.stride is not None else _numel(spec.shape) for spec in specs]
-    sizes += [_numel(shape) for shape, _ in out_specs]
+    """Elements of the largest tensor a launch reads (its span when strided) or writes."""
+    sizes = [spec.span if spec.stride is not None else math.prod(spec.shape) for spec in specs]
+    sizes += [math.prod(shape) for shape, _ in out_specs]
     return max(sizes, default=0)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def plan_count() -> int:

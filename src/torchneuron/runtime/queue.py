@@ -198,7 +198,6 @@ class DeviceQueue:
         if not _ELEMENT_TYPES:
             _init_types()
         self.index = index
-        self.instance = _vm_instance()
         self.task = Lane(hal_device(index), inline=False)
         inline = inline_device(index) if config.settings.inline_elements > 0 else None
         self.inline = Lane(inline, inline=True) if inline is not None else None
@@ -211,10 +210,6 @@ class DeviceQueue:
         if self.inline is not None and elements <= config.settings.inline_elements:
             return self.inline
         return self.task
-
-    # The task lane's imports, for callers that do not pick a lane.
-    def import_memory(self, tensor, byte_offset: int, shape, dtype):
-        return self.task.import_memory(tensor, byte_offset, shape, dtype)
 
     def launch(self, executable, views: list, keepalive, what: str, flag=None, lane=None) -> None:
         """Queue one executable on `lane` (default: the task lane), whose
