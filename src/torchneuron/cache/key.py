@@ -19,7 +19,7 @@ import os
 
 # Version of the calling convention between the runtime and executables
 # (inputs, then outputs written in place, async fences). Bump when it changes.
-ENTRY_ABI = "neuron-eager-1"
+ENTRY_ABI = "neuron-eager-2"  # 2: read-only inputs protected from in-place updates
 
 
 def key_components(mlir: str, backend: str, flags: tuple) -> dict:

@@ -6,6 +6,7 @@ import functools
 import time
 
 from .. import config
+from .read_only_inputs import inputs_written_in_place, protect_inputs
 
 # IREE HAL driver -> compiler target backend.
 _BACKENDS = {
@@ -59,9 +60,18 @@ def compile_mlir(mlir: str, what: str, driver: str | None = None, target: tuple 
     backend, flags = target or target_flags(driver)
     start = time.perf_counter()
     try:
-        vmfb = ireec.compile_str(
-            mlir, input_type="torch", target_backends=[backend], extra_args=list(flags)
+        # Two phases, as fast as one: the flow-level program shows which
+        # read-only inputs IREE would update in place (read_only_inputs.py).
+        flow = ireec.compile_str(
+            mlir, input_type="torch", target_backends=[backend], extra_args=[*flags, "--compile-to=flow"]
         )
+        written = inputs_written_in_place(flow.decode())
+        if written:
+            vmfb = ireec.compile_str(
+                protect_inputs(mlir, written), input_type="torch", target_backends=[backend], extra_args=list(flags)
+            )
+        else:
+            vmfb = ireec.compile_str(flow, target_backends=[backend], extra_args=[*flags, "--compile-from=flow"])
     except ireec.CompilerToolError as e:
         raise CompileError(what, str(e)) from None
     return bytes(vmfb), time.perf_counter() - start
