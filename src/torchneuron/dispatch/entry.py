@@ -220,6 +220,16 @@ _COMPOSITE_SLOT = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
 def _run_on_host(op, info, args, kwargs, device, reason):
+    if not info.host_kernel:
+        # Ops PyTorch sends accelerators only (the fused RNN cells): CPU has no
+        # kernel, so they run as their decomposition into smaller neuron ops.
+        decomposition = _decomposition_of(op)
+        if decomposition is None:
+            raise NotImplementedError(
+                f"neuron: {info.name} has no kernel on the host and the compiler declined it ({reason})"
+            )
+        stats.record(stats.decomposed, info.name)
+        return decomposition(*args, **kwargs)
     policy = config.settings.fallback
     if policy == "error":
         raise FallbackError(
@@ -232,6 +242,14 @@ def _run_on_host(op, info, args, kwargs, device, reason):
     stats.record(stats.host_fallback, info.name)
     runtime.synchronize_all()
     return host_fallback.run(op, info, args, kwargs, device)
+
+
+def _decomposition_of(op):
+    from torch._decomp import decomposition_table
+
+    from ..lowering.decompositions import own_decompositions
+
+    return own_decompositions().get(op) or decomposition_table.get(op)
 
 
 _libraries: list = []

@@ -16,7 +16,7 @@ import torch
 
 from .. import _C
 from ..device import random as neuron_random
-from ..lowering.call import tensor_self
+from ..lowering.call import numbers_as_tensors
 
 _NEURON = "neuron"
 _rng_lock = threading.Lock()
@@ -99,7 +99,7 @@ def run(op, info, args, kwargs, device: torch.device):
         return dst
 
     host_kwargs = {k: _to_host(v, aliases) for k, v in kwargs.items()} if kwargs else {}
-    host_args = tensor_self(op, _to_host(args, aliases), host_kwargs)
+    host_args, host_kwargs = numbers_as_tensors(op, _to_host(args, aliases), host_kwargs)
     bases = list(aliases.values())
 
     if info.seeded:

@@ -41,9 +41,11 @@ class OpInfo:
     checks_devices: bool  # all tensor arguments must share one device
     composite_only: bool  # PyTorch's generic kernel, no CPU kernel: can be decomposed on device
     metadata_only: bool  # changes sizes/strides only (METADATA_OPS)
+    host_kernel: bool  # PyTorch has a CPU or generic kernel the host fallback can run
 
 
 _cache: dict = {}
+_HOST_KEYS = ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd", "CompositeExplicitAutogradNonFunctional")
 
 
 def _has(qualified: str, key: str) -> bool:
@@ -65,6 +67,7 @@ def op_info(op) -> OpInfo:
             checks_devices=schema.name not in _CROSS_DEVICE_OPS and qualified not in _CROSS_DEVICE_OPS,
             composite_only=_has(qualified, "CompositeExplicitAutograd") and not _has(qualified, "CPU"),
             metadata_only=schema.name in METADATA_OPS,
+            host_kernel=any(_has(qualified, k) for k in _HOST_KEYS),
         )
         _cache[op] = info
     return info

@@ -20,6 +20,8 @@ from torch.utils._pytree import tree_map
 import torchneuron
 from torchneuron.dispatch import stats as dispatch_stats
 
+from . import argument_checks
+
 # Ops models use most: the fixed subset CI runs.
 CI_OPS = (
     "add sub mul div neg abs exp log sqrt rsqrt pow tanh sigmoid sin cos clamp where "
@@ -66,9 +68,12 @@ def _op_db():
     return op_db
 
 
-def _to_neuron(x):
+def _to_neuron(x, memo: dict):
+    """A neuron copy; the same CPU tensor twice in a call gives the same neuron tensor."""
     if isinstance(x, torch.Tensor):
-        return x.detach().to("neuron")
+        if id(x) not in memo:
+            memo[id(x)] = x.detach().to("neuron")
+        return memo[id(x)]
     return x
 
 
@@ -127,21 +132,32 @@ def run_op(opinfo, dtype, max_samples: int) -> OpResult:
     compiled_before = sum(dispatch_stats.compiled.values())
     failure = ""
     for sample in samples:
+        cpu_call = (sample.input, sample.args, sample.kwargs)
+        # Neuron copies first: a CPU call may write its arguments (inplace=True).
+        memo: dict = {}
+        dev_call = tree_map(lambda x: _to_neuron(x, memo), cpu_call)
+        cpu_in, dev_in = argument_checks.tensor_leaves(cpu_call), argument_checks.tensor_leaves(dev_call)
+        cpu_before = argument_checks.snapshot(cpu_in)
         try:
             torch.manual_seed(0)
-            expected = opinfo.op(sample.input, *sample.args, **sample.kwargs)
+            expected = opinfo.op(cpu_call[0], *cpu_call[1], **cpu_call[2])
         except Exception:  # noqa: BLE001 - the sample is invalid on CPU too: not ours to judge
             continue
         result.samples += 1
         try:
-            n_input = tree_map(_to_neuron, sample.input)
-            n_args = tree_map(_to_neuron, sample.args)
-            n_kwargs = tree_map(_to_neuron, sample.kwargs)
+            dev_before = argument_checks.snapshot(dev_in)
             torch.manual_seed(0)
-            actual = opinfo.op(n_input, *n_args, **n_kwargs)
-            actual = tree_map(_to_cpu, actual)
+            actual = opinfo.op(dev_call[0], *dev_call[1], **dev_call[2])
             torch.neuron.synchronize()
-            torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True, check_device=False)
+            argument_checks.check_unchanged(dev_in, dev_before, cpu_in, cpu_before)
+            argument_checks.check_aliasing(argument_checks.tensor_leaves(actual), dev_in,
+                                           argument_checks.tensor_leaves(expected), cpu_in)
+            torch.testing.assert_close(tree_map(_to_cpu, actual), expected, rtol=rtol, atol=atol, equal_nan=True,
+                                       check_device=False)
+            # Arguments CPU wrote (inplace=True samples) hold what CPU wrote.
+            for i in set(argument_checks.changed(cpu_in, cpu_before)):
+                torch.testing.assert_close(dev_in[i].cpu(), cpu_in[i], rtol=rtol, atol=atol, equal_nan=True,
+                                           msg=lambda m, i=i: f"argument {i} after the call: {m}")
         except Exception as e:  # noqa: BLE001 - recorded as this op's failure
             failure = f"{type(e).__name__}: {str(e).strip()}"[:800]
             break

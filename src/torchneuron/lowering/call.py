@@ -203,24 +203,55 @@ def rebuild(s, tensors, floats, ints, device):
     return s
 
 
-def tensor_self(op, args, kwargs):
-    """A number in the Tensor `self` slot becomes a 0-dim tensor of the
-    result's dtype. PyTorch's boxed calls unwrap wrapped scalars into Python
-    numbers (1 - x arrives as sub.Tensor(1, x)); neither torch-mlir nor a
+_NUMBERS = (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _tensor_slots(op) -> tuple:
+    """(positional indices, keyword names) of the op's Tensor arguments that
+    need a tensor where boxed calls hand over a number."""
+    slots = _slots_cache.get(op)
+    if slots is None:
+        schema = op._schema
+        # Python accepts numbers there for a few ops (add, mul...): leave those as they are.
+        lenient = torch._C._should_allow_numbers_as_tensors(schema.name.split("::")[-1])
+        wanted = [(i, a.name) for i, a in enumerate(schema.arguments)
+                  if str(a.type) == "Tensor" and (i == 0 or not lenient)]
+        slots = _slots_cache[op] = (frozenset(i for i, _ in wanted), frozenset(n for _, n in wanted))
+    return slots
+
+
+_slots_cache: dict = {}
+
+
+def numbers_as_tensors(op, args, kwargs):
+    """(args, kwargs) with numbers in Tensor slots turned into 0-dim tensors
+    that promote as PyTorch's wrapped numbers do. Boxed calls unwrap wrapped
+    scalars into Python numbers (1 - x arrives as sub.Tensor(1, x),
+    x.bitwise_xor(5) as bitwise_xor.Tensor(x, 5)); neither torch-mlir nor a
     direct call of the op takes a number there."""
-    if not args or isinstance(args[0], (torch.Tensor, bool)) or not isinstance(
-        args[0], (int, float, torch.SymInt, torch.SymFloat)
+    positions, names = _tensor_slots(op)
+    if not any(i < len(args) and isinstance(args[i], _NUMBERS) for i in positions) and not any(
+        isinstance(v, _NUMBERS) and k in names for k, v in kwargs.items()
     ):
-        return args
-    if str(op._schema.arguments[0].type) != "Tensor":
-        return args
-    others = [a for a in list(args[1:]) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+        return args, kwargs
+    others = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
     if not others:
-        return args
-    is_float = isinstance(args[0], (float, torch.SymFloat))
-    dtype = others[0].dtype
-    if is_float and not (dtype.is_floating_point or dtype.is_complex):
-        dtype = torch.get_default_dtype()
-    elif not is_float and dtype == torch.bool:
+        return args, kwargs
+    tensor = others[0]
+    args = tuple(_as_tensor(a, tensor) if i in positions else a for i, a in enumerate(args))
+    kwargs = {k: _as_tensor(v, tensor) if k in names else v for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _as_tensor(value, like: torch.Tensor):
+    if not isinstance(value, _NUMBERS):
+        return value
+    dtype = like.dtype
+    if isinstance(value, (bool, torch.SymBool)):
+        dtype = torch.bool
+    elif isinstance(value, (float, torch.SymFloat)):
+        if not (dtype.is_floating_point or dtype.is_complex):
+            dtype = torch.get_default_dtype()
+    elif dtype == torch.bool:
         dtype = torch.int64
-    return (torch.scalar_tensor(args[0], dtype=dtype, device=others[0].device), *args[1:])
+    return torch.scalar_tensor(value, dtype=dtype, device=like.device)

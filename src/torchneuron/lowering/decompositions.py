@@ -10,7 +10,7 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
-from . import linalg, special, tensor_ops
+from . import linalg, rnn_cells, special, tensor_ops
 
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -69,6 +69,7 @@ def own_decompositions() -> dict:
     table = dict(special.decompositions())
     table.update(tensor_ops.decompositions())
     table.update(linalg.decompositions())
+    table.update(rnn_cells.decompositions())
     return table
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from . import index_checks
-from .call import CallSignature, NotCompilable, rebuild, tensor_self
+from .call import CallSignature, NotCompilable, numbers_as_tensors, rebuild
 
 
 class NeedsResize(NotCompilable):
@@ -127,7 +127,7 @@ def lower_call(op, info, sig: CallSignature, promote_scalars: bool = False) -> L
     before = [tuple(m.shape) for m in metas]
     try:
         args, kwargs = rebuild_all(sig, metas, sig.floats, sig.ints, _META)
-        result = _on_meta(op, tensor_self(op, args, kwargs), kwargs)
+        result = _on_meta(op, *numbers_as_tensors(op, args, kwargs))
     except NotImplementedError as e:
         raise NotCompilable(f"no shape function: {e}") from None
     except RuntimeError as e:
@@ -173,7 +173,7 @@ def _shapes_independent_of_scalars(op, sig, out_specs) -> bool:
     ints = [v * 2 + 3 for v in sig.ints]
     try:
         args, kwargs = rebuild_all(sig, metas, floats, ints, _META)
-        result = _on_meta(op, tensor_self(op, args, kwargs), kwargs)
+        result = _on_meta(op, *numbers_as_tensors(op, args, kwargs))
         other: list = []
         _returns_template(result, metas, other)
     except Exception:  # noqa: BLE001 - values the op refuses: treat as dependent
@@ -240,7 +240,7 @@ class _CallModule(torch.nn.Module):
             elif i not in sig.mutated and tensors[i].numel():
                 tensors[i] = tensors[i].unsqueeze(0).squeeze(0)
         args, kwargs = rebuild_all(sig, tensors, floats, ints, _CPU)
-        args = tensor_self(self.op, args, kwargs)
+        args, kwargs = numbers_as_tensors(self.op, args, kwargs)
         if self.flag is not None:
             args, kwargs, out_of_range = index_checks.apply(self.op, args, kwargs)
             inputs[pos + self.flag].copy_(out_of_range)
