@@ -17,6 +17,7 @@ setup(
                 "csrc/guard.cpp",
                 "csrc/hooks.cpp",
                 "csrc/kernels.cpp",
+                "csrc/memory_guards.cpp",
                 "csrc/module.cpp",
             ],
             extra_compile_args=["-O2", "-std=c++17"],

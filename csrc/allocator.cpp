@@ -39,6 +39,7 @@ struct Allocation {
   size_t nbytes;
   size_t rounded;
   c10::DeviceIndex device;
+  bool guarded;  // from memory_guards.cpp: freed there, never cached here
 };
 
 std::string format_bytes(int64_t n) {
@@ -57,13 +58,19 @@ void free_allocation(void* ctx) {
     auto& s = stats[a->device];
     s.allocated -= static_cast<int64_t>(a->nbytes);
     s.num_frees += 1;
-    if (a->rounded <= kMaxCachedBlock && s.cached + static_cast<int64_t>(a->rounded) <= kMaxCachedBytes) {
+    if (a->guarded) {
+      cached = true;  // released below, by the guards
+    } else if (a->rounded <= kMaxCachedBlock && s.cached + static_cast<int64_t>(a->rounded) <= kMaxCachedBytes) {
       free_blocks[a->device][a->rounded].push_back(a->ptr);
       s.cached += static_cast<int64_t>(a->rounded);
       cached = true;
     }
   }
-  if (!cached) std::free(a->ptr);
+  if (a->guarded) {
+    guarded_free(a->ptr);
+  } else if (!cached) {
+    std::free(a->ptr);
+  }
   delete a;
 }
 
@@ -99,13 +106,18 @@ struct NeuronAllocator final : c10::Allocator {
       s.num_allocs += 1;
     }
     const size_t rounded = rounded_size(nbytes);
+    const bool guarded = memory_guards_enabled();
     void* ptr = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(stats_mutex);
-      ptr = take_cached_block(device, rounded);
+    if (guarded) {
+      ptr = guarded_allocate(nbytes, device);
+    } else {
+      {
+        std::lock_guard<std::mutex> lock(stats_mutex);
+        ptr = take_cached_block(device, rounded);
+      }
+      if (ptr == nullptr) ptr = std::aligned_alloc(kAlignment, rounded);
     }
-    if (ptr == nullptr) ptr = std::aligned_alloc(kAlignment, rounded);
-    if (ptr == nullptr) {  // the host is short: give back what is kept, then retry
+    if (ptr == nullptr && !guarded) {  // the host is short: give back what is kept, then retry
       empty_cache(device);
       ptr = std::aligned_alloc(kAlignment, rounded);
     }
@@ -120,7 +132,7 @@ struct NeuronAllocator final : c10::Allocator {
           " on device neuron:", static_cast<int>(device),
           ": the host refused the allocation.");
     }
-    auto* ctx = new Allocation{ptr, nbytes, rounded, device};
+    auto* ctx = new Allocation{ptr, nbytes, rounded, device, guarded};
     return {ptr, ctx, &free_allocation, dev};
   }
 

@@ -126,6 +126,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return pybind11::reinterpret_steal<pybind11::object>(
         THPGenerator_initDefaultGenerator(default_generator(static_cast<c10::DeviceIndex>(i))));
   });
+  m.def("enable_memory_guards", &enable_memory_guards);
+  m.def("check_memory_guards", []() {
+    pybind11::list out;
+    for (const auto& v : check_memory_guards()) {
+      out.append(pybind11::make_tuple(v.address, v.nbytes, static_cast<int>(v.device), v.where, v.offset));
+    }
+    return out;
+  });
   m.def("host_alias", &host_alias);
   m.def("device_copy_of", &device_copy_of);
   m.def("host_bytes", &host_bytes);

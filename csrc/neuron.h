@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace torchneuron {
 
@@ -40,6 +41,21 @@ void reset_peak_memory(c10::DeviceIndex index);
 void set_memory_limit(c10::DeviceIndex index, int64_t bytes);
 void empty_cache(c10::DeviceIndex index);  // frees the blocks kept for reuse
 c10::Allocator* neuron_allocator();
+
+// Guarded memory (memory_guards.cpp): guard bytes around every allocation,
+// poisoned and quarantined frees, checked on demand.
+struct GuardViolation {
+  uintptr_t address;   // the allocation's start
+  int64_t nbytes;      // its size
+  c10::DeviceIndex device;
+  const char* where;   // "past its end", "before its start", "after it was freed"
+  int64_t offset;      // of the first changed byte, from the start
+};
+bool memory_guards_enabled();
+void enable_memory_guards(bool on);
+void* guarded_allocate(size_t nbytes, c10::DeviceIndex device);  // nullptr when the host refuses
+bool guarded_free(void* ptr);  // false: not a guarded allocation
+std::vector<GuardViolation> check_memory_guards();
 
 // Called (with the GIL taken) by synchronize(); set by the Python runtime.
 void set_synchronize_callback(std::function<void(c10::DeviceIndex)> fn);

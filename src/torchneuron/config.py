@@ -57,6 +57,10 @@ class Settings:
     )
     # Make every launch synchronous, so errors surface at the op that caused them.
     launch_blocking: bool = field(default_factory=lambda: _env_int("TORCHNEURON_LAUNCH_BLOCKING", 0) != 0)
+    # Guarded memory: guard bytes around every device allocation, poisoned
+    # frees, checked after every launch (slow; for finding ops that write
+    # outside their memory). Set before the first allocation.
+    check_memory: bool = field(default_factory=lambda: _env_int("TORCHNEURON_CHECK_MEMORY", 0) != 0)
     # Launches whose largest tensor has at most this many elements run inline
     # on the calling thread (local-task driver only; 0: never).
     inline_elements: int = field(default_factory=lambda: _env_int("TORCHNEURON_INLINE_ELEMENTS", 65536))

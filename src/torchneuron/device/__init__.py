@@ -47,6 +47,8 @@ def _apply_setting(name, value) -> None:
     elif name == "memory_limit_mb":
         for i in range(_C.device_count()):
             _C.set_memory_limit(i, int(value) * 1024 * 1024)
+    elif name == "check_memory":
+        _C.enable_memory_guards(bool(value))
     elif name == "driver":
         hal.available_drivers.cache_clear()
         _C.mark_unusable(hal.driver_problem(value) or "")
@@ -87,7 +89,7 @@ def register() -> None:
 
     registry.start_from_environment()  # TORCHNEURON_RECORD_SHAPES
     os.register_at_fork(after_in_child=_after_fork_in_child)
-    for name in ("memory_limit_mb", "driver"):
+    for name in ("memory_limit_mb", "driver", "check_memory"):
         _apply_setting(name, getattr(config.settings, name))
     config.on_change(_apply_setting)
     _registered = True

@@ -241,7 +241,13 @@ def _run_on_host(op, info, args, kwargs, device, reason):
         warnings.warn(f"torchneuron: {info.name} runs on the host fallback: {reason}", stacklevel=3)
     stats.record(stats.host_fallback, info.name)
     runtime.synchronize_all()
-    return host_fallback.run(op, info, args, kwargs, device)
+    result = host_fallback.run(op, info, args, kwargs, device)
+    if config.settings.check_memory:
+        from ..runtime import memory_guards
+        from ..runtime.errors import user_source_line
+
+        memory_guards.verify(f"{info.name} (on the host fallback)", user_source_line())
+    return result
 
 
 def _decomposition_of(op):

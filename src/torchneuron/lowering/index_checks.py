@@ -9,24 +9,53 @@ import torch
 
 aten = torch.ops.aten
 
-# op -> (index argument, how to get the bound from the arguments, negative indices allowed)
+# op -> (index argument, how to get the bound from the arguments, negative
+# indices allowed (they are wrapped: torch-mlir's scatters do not wrap them),
+# a target value that is skipped (nll_loss's ignore_index argument) or None)
 _DIM_OF_SELF = lambda a: a["self"].shape[a["dim"]] if a["self"].dim() else 1  # noqa: E731
+_NUMEL = lambda a: a["self"].numel()  # noqa: E731
+_CLASSES = lambda a: a["self"].shape[1] if a["self"].dim() >= 2 else a["self"].shape[0]  # noqa: E731
+_BY_DIM = ("index", _DIM_OF_SELF, False, None)
+_BY_POSITION = ("indices", None, True, None)
+_TARGET = ("target", _CLASSES, False, "ignore_index")
 INDEX_CHECKS = {
-    aten.embedding.default: ("indices", lambda a: a["weight"].shape[0], False),
-    aten.index_select.default: ("index", _DIM_OF_SELF, False),
-    aten.gather.default: ("index", _DIM_OF_SELF, False),
-    aten.scatter.src: ("index", _DIM_OF_SELF, False),
-    aten.scatter.value: ("index", _DIM_OF_SELF, False),
-    aten.scatter_.src: ("index", _DIM_OF_SELF, False),
-    aten.scatter_.value: ("index", _DIM_OF_SELF, False),
-    aten.scatter_add.default: ("index", _DIM_OF_SELF, False),
-    aten.scatter_add_.default: ("index", _DIM_OF_SELF, False),
-    aten.index_add.default: ("index", _DIM_OF_SELF, False),
-    aten.index_copy.default: ("index", _DIM_OF_SELF, False),
-    aten.take.default: ("index", lambda a: a["self"].numel(), True),
-    aten.index.Tensor: ("indices", None, True),
-    aten.index_put.default: ("indices", None, True),
-    aten.index_put_.default: ("indices", None, True),
+    aten.embedding.default: ("indices", lambda a: a["weight"].shape[0], False, None),
+    aten.embedding_dense_backward.default: ("indices", lambda a: a["num_weights"], False, "padding_idx"),
+    aten.index_select.default: _BY_DIM,
+    aten.gather.default: _BY_DIM,
+    aten.scatter.src: _BY_DIM,
+    aten.scatter.value: _BY_DIM,
+    aten.scatter.reduce: _BY_DIM,
+    aten.scatter.value_reduce: _BY_DIM,
+    aten.scatter_.src: _BY_DIM,
+    aten.scatter_.value: _BY_DIM,
+    aten.scatter_.reduce: _BY_DIM,
+    aten.scatter_.value_reduce: _BY_DIM,
+    aten.scatter_add.default: _BY_DIM,
+    aten.scatter_add_.default: _BY_DIM,
+    aten.scatter_reduce.two: _BY_DIM,
+    aten.scatter_reduce_.two: _BY_DIM,
+    aten.index_add.default: _BY_DIM,
+    aten.index_add_.default: _BY_DIM,
+    aten.index_copy.default: _BY_DIM,
+    aten.index_copy_.default: _BY_DIM,
+    aten.index_fill.int_Scalar: _BY_DIM,
+    aten.index_fill.int_Tensor: _BY_DIM,
+    aten.index_fill_.int_Scalar: _BY_DIM,
+    aten.index_fill_.int_Tensor: _BY_DIM,
+    aten.index_reduce.default: _BY_DIM,
+    aten.index_reduce_.default: _BY_DIM,
+    aten.take.default: ("index", _NUMEL, True, None),
+    aten.put.default: ("index", _NUMEL, True, None),
+    aten.put_.default: ("index", _NUMEL, True, None),
+    aten.index.Tensor: _BY_POSITION,
+    aten.index_put.default: _BY_POSITION,
+    aten.index_put_.default: _BY_POSITION,
+    aten._index_put_impl_.default: _BY_POSITION,
+    aten.nll_loss_forward.default: _TARGET,
+    aten.nll_loss_backward.default: _TARGET,
+    aten.nll_loss2d_forward.default: _TARGET,
+    aten.nll_loss2d_backward.default: _TARGET,
 }
 
 
@@ -35,20 +64,32 @@ def has_checks(op) -> bool:
 
 
 def apply(op, args: tuple, kwargs: dict):
-    """(args, kwargs with clamped indices, flag tensor: True if any index was out of range)."""
-    name, bound, negative = INDEX_CHECKS[op]
+    """(args, kwargs with indices clamped into range and negative ones wrapped,
+    flag tensor: True if any index was out of range)."""
+    name, bound, negative, skipped = INDEX_CHECKS[op]
     names = [a.name for a in op._schema.arguments]
     values = dict(zip(names, args))
     values.update(kwargs)
     bad = torch.zeros((), dtype=torch.bool)
+    skip = values.get(skipped) if skipped else None
 
     def check(index, n):
         nonlocal bad
-        if index is None or index.dtype == torch.bool or n == 0:
+        if index is None or index.dtype == torch.bool:
             return index
         low = -n if negative else 0
-        bad = bad | ((index < low) | (index >= n)).any()
-        return index.clamp(low, n - 1)
+        out_of_range = (index < low) | (index >= n)
+        if skip is not None:
+            out_of_range = out_of_range & (index != skip)
+        bad = bad | out_of_range.any()
+        if n == 0:
+            return index
+        fixed = index.clamp(low, n - 1)
+        if negative:
+            fixed = torch.where(fixed < 0, fixed + n, fixed)
+        if skip is not None:
+            fixed = torch.where(index == skip, index, fixed)
+        return fixed
 
     index = values[name]
     if bound is None:  # a list of indices, one per leading dimension of self

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import _C, config
 from ..device.hal import hal_device, inline_device
+from . import memory_guards
 from .errors import NeuronAsyncError, user_source_line
 
 _instance = None
@@ -219,6 +220,9 @@ class DeviceQueue:
         user's stack when it fails."""
         lane = lane or self.task
         context, fn = executable.entry(lane)
+        if config.settings.check_memory:
+            self._launch_checked(lane, context, fn, views, keepalive, what, flag)
+            return
         with self._lock:
             task = self.task
             if lane.inline:
@@ -247,16 +251,37 @@ class DeviceQueue:
             if len(lane.pending) > config.settings.max_in_flight:
                 self._note(lane.wait(lane.pending[0][0], self.index))
 
+    def _launch_checked(self, lane, context, fn, views, keepalive, what, flag) -> None:
+        """A launch under TORCHNEURON_CHECK_MEMORY: run to completion, then check the guards."""
+        source = user_source_line()
+        with self._lock:
+            self._drain()
+            if lane.inline:
+                lane.run_inline(context, fn, views, what)
+                if flag is not None and _C.host_alias(flag).item():
+                    self._note((lane.value, keepalive, what, source, flag))
+            else:
+                lane.invoke(context, fn, views, keepalive, what, source, flag)
+            self.launches += 1
+            self._drain()
+        memory_guards.verify(what, source)
+
     def _note(self, bad) -> None:
         if bad is not None and self._bad is None:
             self._bad = bad
 
+    def _drain(self) -> None:
+        """Wait for every lane (caller holds the lock)."""
+        for lane in (self.task, self.inline):
+            if lane is not None and lane.pending:
+                self._note(lane.wait(lane.value, self.index))
+
     def synchronize(self) -> None:
         with self._lock:
-            for lane in (self.task, self.inline):
-                if lane is not None and lane.pending:
-                    self._note(lane.wait(lane.value, self.index))
+            self._drain()
             bad, self._bad = self._bad, None
+        if config.settings.check_memory:
+            memory_guards.verify("an op before this synchronization", user_source_line())
         if bad is not None:
             _, _, what, source, _ = bad
             raise NeuronAsyncError(
