@@ -42,6 +42,58 @@ def _fresh_settings():
     torch.neuron.set_device(0)
 
 
+# -- the real servers (see servers.py) ---------------------------------------------
+
+@pytest.fixture
+def service():
+    """A real compile service on a unix socket, with its own cache directory."""
+    import shutil
+    import tempfile
+
+    import servers
+
+    base = tempfile.mkdtemp(prefix="tn-svc-")  # short: unix socket paths are limited
+    address = os.path.join(base, "s.sock")
+    proc = servers.start_compile_service(address, os.path.join(base, "cache"))
+    yield address, proc
+    servers.stop(proc)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def client_settings(tmp_path):
+    """This process as a fresh client: empty plan table, its own disk cache;
+    the shared layers' settings are restored afterwards."""
+    from torchneuron.dispatch import eager
+
+    names = ("cache_dir", "compile_service", "remote_cache", "cache_secret", "cache_secret_file")
+    saved = {name: torchneuron.config.get(name) for name in names}  # get(): as_dict hides secrets
+    eager.reset()
+    torchneuron.config.set(cache_dir=str(tmp_path / "client-cache"))
+    yield
+    eager.reset()
+    torchneuron.config.set(**saved)
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A real Redis server on loopback: (url, process, redis client)."""
+    import subprocess
+
+    import redis
+    import servers
+
+    port = servers.free_port()
+    proc = subprocess.Popen([servers.redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port)
+    servers.wait_for(lambda: servers.pings(client), 30, "redis-server")
+    yield f"redis://127.0.0.1:{port}/0", proc, client
+    proc.kill()
+    proc.wait()
+
+
 def assert_same(neuron_value, cpu_value, **tol):
     """A neuron result equals the CPU result (values, dtype, shape)."""
     assert isinstance(neuron_value, torch.Tensor)

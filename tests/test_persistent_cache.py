@@ -35,7 +35,8 @@ got = torch.softmax((x.neuron() @ w.neuron()) * SCALE, -1).sum(0).cpu()
 torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 s = torchneuron.compile_stats()
 print("STATS " + json.dumps({"compiles": s["compiles"], "sources": s["sources"],
-                             "corrupt": s.get("disk_corrupt", 0), "signatures": s["signatures"]}))
+                             "corrupt": s.get("disk_corrupt", 0), "signatures": s["signatures"],
+                             "remote_untrusted": s.get("remote_untrusted", 0)}))
 """
 
 

@@ -82,10 +82,11 @@ def compile_stats() -> dict:
     """The compile path: the in-memory executable cache (hits, misses, compiles
     here, compile seconds, bytes), where executables came from (`sources`:
     compiled here, disk, remote, service, peer rank), the disk and remote
-    layers, signatures planned, calls launched by their cheap key
-    (`cached_launches`, of `launch_keys` remembered), and why ops could not be
-    compiled."""
-    from .cache import executable_cache, layers
+    layers, entries refused from each shared layer for lack of a valid
+    signature (`remote_untrusted`, `service_untrusted`, `peer_untrusted`),
+    signatures planned, calls launched by their cheap key (`cached_launches`,
+    of `launch_keys` remembered), and why ops could not be compiled."""
+    from .cache import executable_cache, layers, trust
     from .cache.disk import disk_cache
     from .cache.remote import remote_store
     from .dispatch import cached_launch, eager
@@ -98,6 +99,8 @@ def compile_stats() -> dict:
         "sources": sources,
         **(disk.stats() if disk is not None else {}),
         **(remote.stats() if remote is not None else {}),
+        "service_untrusted": trust.refused["service"],
+        "peer_untrusted": trust.refused["peer"],
         "signatures": eager.plan_count(),
         "launch_keys": cached_launch.count(),
         "cached_launches": cached_launch.hits,

@@ -67,7 +67,7 @@ def _compile_service(args) -> int:
         torchneuron.config.set(compile_service=address)
         try:
             print(json.dumps(service_client().health(), indent=2))
-        except ConnectionError as e:
+        except (ConnectionError, ValueError) as e:  # ValueError: a misconfigured cache secret
             print(f"no compile service at {address}: {e}", file=sys.stderr)
             return 1
         return 0
@@ -80,6 +80,9 @@ def _compile_service(args) -> int:
         serve(address, args.workers, ready=ready)
     except KeyboardInterrupt:
         pass
+    except (ValueError, RuntimeError, OSError) as e:  # no secret off loopback, a bad key file, address in use
+        print(f"torchneuron compile-service: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -86,6 +86,12 @@ class Settings:
     compile_service: str = field(default_factory=lambda: os.environ.get("TORCHNEURON_COMPILE_SERVICE", ""))
     # A remote executable store shared across hosts: redis://host:port/db ("": none).
     remote_cache: str = field(default_factory=lambda: os.environ.get("TORCHNEURON_REMOTE_CACHE", ""))
+    # The secret shared by every host and service that may hand this process
+    # executables: remote entries, service replies and leader entries carry an
+    # HMAC made with it and are refused without one ("": none). Either the
+    # secret itself or a key file (mode 0600) holding it; never both.
+    cache_secret: str = field(default_factory=lambda: os.environ.get("TORCHNEURON_CACHE_SECRET", ""), repr=False)
+    cache_secret_file: str = field(default_factory=lambda: os.environ.get("TORCHNEURON_CACHE_SECRET_FILE", ""))
     # Inside a torch.distributed job: one rank compiles each key and publishes
     # it through the job's store, the others fetch it.
     leader_compile: bool = field(default_factory=lambda: _env_int("TORCHNEURON_LEADER_COMPILE", 1) != 0)
@@ -122,5 +128,14 @@ def get(name: str):
     return getattr(settings, name)
 
 
+# Settings whose value is a secret: dumps say only whether they are set.
+SECRET_SETTINGS = ("cache_secret",)
+
+
 def as_dict() -> dict:
-    return {f.name: getattr(settings, f.name) for f in fields(Settings)}
+    """Every setting, for display and for saving and restoring; secrets show
+    as "set" or "not set" (read them with get())."""
+    values = {f.name: getattr(settings, f.name) for f in fields(Settings)}
+    for name in SECRET_SETTINGS:
+        values[name] = "set" if values[name] else "not set"
+    return values

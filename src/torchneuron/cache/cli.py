@@ -1,13 +1,22 @@
-"""`torchneuron cache ...`: look inside the persistent cache and manage it."""
+"""`torchneuron cache ...`: look inside the persistent cache and manage it.
+
+An exported archive carries executables to other machines, so with a cache
+secret each executable's and plan's record is signed (the same HMAC as a
+shared entry, see trust.py), and an import with a secret takes only members
+signed with it: an archive is a shared layer like any other.
+"""
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 import sys
 import tarfile
 import time
 
+from . import trust
 from .disk import DiskCache, disk_cache
 
 _EXE_NAME = re.compile(r"^exe/[0-9a-f]{2}/([0-9a-f]{64})\.(vmfb|json)$")
@@ -71,9 +80,10 @@ def run(args) -> int:
         n = export(disk, args.file)
         _out(args, {"exported": n}, f"exported {n} files to {args.file}")
     elif action == "import":
-        exes, plans, rejected = import_(disk, args.file)
-        _out(args, {"executables": exes, "plans": plans, "rejected": rejected},
-             f"imported {exes} executables and {plans} plans; rejected {rejected} bad members")
+        exes, plans, rejected, untrusted = import_(disk, args.file)
+        _out(args, {"executables": exes, "plans": plans, "rejected": rejected, "untrusted": untrusted},
+             f"imported {exes} executables and {plans} plans; rejected {rejected} bad members"
+             + (f" ({untrusted} not signed with this cache secret)" if untrusted else ""))
         return 1 if rejected else 0
     return 0
 
@@ -99,34 +109,53 @@ def _explain(args, disk: DiskCache) -> int:
     return 0
 
 
+def _add_json(tar: tarfile.TarFile, name: str, record: dict) -> None:
+    data = json.dumps(record, sort_keys=True).encode()
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), int(time.time()), 0o600
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _signed(record: dict, secret: bytes | None) -> dict:
+    return record if secret is None else dict(record, hmac=trust.entry_mac(secret, record))
+
+
 def export(disk: DiskCache, path: str) -> int:
-    """Every complete entry and plan into a .tar.gz; returns files written."""
+    """Every complete entry and plan into a .tar.gz (each record signed when a
+    cache secret is configured); returns files written."""
+    secret = trust.secret()
     n = 0
     with tarfile.open(path, "w:gz") as tar:
         for key, meta, _, _ in disk.entries():
             if meta is None:
                 continue
-            for suffix in (".vmfb", ".json"):
-                tar.add(disk._path("exe", key, suffix), arcname=f"exe/{key[:2]}/{key}{suffix}")
-                n += 1
-        import os
-
+            tar.add(disk._path("exe", key, ".vmfb"), arcname=f"exe/{key[:2]}/{key}.vmfb")
+            _add_json(tar, f"exe/{key[:2]}/{key}.json", _signed(meta, secret))
+            n += 2
         base = os.path.join(disk.root, "plan")
         for sub in sorted(os.listdir(base)) if os.path.isdir(base) else []:
             for name in sorted(os.listdir(os.path.join(base, sub))):
-                if _PLAN_NAME.match(f"plan/{sub}/{name}"):
-                    tar.add(os.path.join(base, sub, name), arcname=f"plan/{sub}/{name}")
-                    n += 1
+                if not _PLAN_NAME.match(f"plan/{sub}/{name}"):
+                    continue
+                try:
+                    with open(os.path.join(base, sub, name), "rb") as f:
+                        stored = json.loads(f.read())
+                except (OSError, ValueError):
+                    continue  # being replaced, or corrupt: the reader rebuilds it anyway
+                _add_json(tar, f"plan/{sub}/{name}", _signed(stored, secret))
+                n += 1
     return n
 
 
 def import_(disk: DiskCache, path: str) -> tuple:
     """Add an export's entries, each checked; nothing is extracted by name.
-    Returns (executables, plans, rejected members)."""
+    With a cache secret, members not signed with it are rejected too.
+    Returns (executables, plans, rejected members, of which unsigned)."""
     import hashlib
 
+    secret = trust.secret()
     exes: dict = {}
-    plans = rejected = 0
+    plans = rejected = untrusted = 0
     with tarfile.open(path, "r:gz") as tar:
         for member in tar:
             if not member.isfile():
@@ -148,6 +177,10 @@ def import_(disk: DiskCache, path: str) -> tuple:
                 except (ValueError, KeyError, TypeError):
                     rejected += 1
                     continue
+                if secret is not None and not trust.entry_is_signed(secret, stored):
+                    rejected += 1
+                    untrusted += 1
+                    continue
                 disk.put_plan(m.group(1), record)
                 plans += 1
                 continue
@@ -163,10 +196,14 @@ def import_(disk: DiskCache, path: str) -> tuple:
         if not ok:
             rejected += 1
             continue
-        meta = {k: v for k, v in meta.items() if k not in ("key", "size", "sha256", "created")}
+        if secret is not None and not trust.entry_is_signed(secret, meta):
+            rejected += 1
+            untrusted += 1
+            continue
+        meta = {k: v for k, v in meta.items() if k not in ("key", "size", "sha256", "created", "hmac")}
         disk.put_executable(key, vmfb, meta)
         imported += 1
-    return imported, plans, rejected
+    return imported, plans, rejected, untrusted
 
 
 __all__ = ["export", "import_", "run"]

@@ -3,7 +3,9 @@
 Ranks meet in the job's c10d store: the first rank to claim a key compiles it
 and publishes the executable; the others wait (with a timeout) and fetch it.
 A rank that times out compiles the key itself, so a dead leader costs time,
-never the job.
+never the job. With a cache secret, the leader's entry is signed and a rank
+refuses (and compiles itself) an entry without a valid signature: anyone who
+can reach the job's store could otherwise hand every rank code to run.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import datetime
 import json
 
 from .. import config
-from . import entry
+from . import entry, trust
 
 _ERROR = b"TNXE"  # the leader's compiler said no: waiters raise the same error
 
@@ -69,7 +71,9 @@ def compile_or_fetch(key: str, compile_fn) -> tuple:
         raise CompileError(err["what"], err["diagnostic"])
     try:
         vmfb, _ = entry.unpack(blob, key)
-    except entry.CorruptEntry:
+    except entry.CorruptEntry as e:
+        if isinstance(e, entry.UntrustedEntry):
+            trust.refuse("peer", "another rank through the job's store")
         return compile_fn()
     stats.fetched += 1
     return vmfb, 0.0, "peer"

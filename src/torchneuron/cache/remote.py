@@ -3,6 +3,11 @@
 Consulted after the local disk and filled after each compile. It is an
 optimization, never a dependency: when the server is down or stops answering,
 the store warns once, steps aside for a while and everything compiles locally.
+
+Whoever can write to the store can hand every host code to run: with a cache
+secret its entries are signed and entries without a valid signature are
+refused (counted as remote_untrusted, deleted, compiled here); without one
+the store warns once that it is trusted by checksum only.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import time
 import warnings
 
 from .. import config
-from . import entry
+from . import entry, trust
 
 _PREFIX = "torchneuron:exe:"
 _RETRY_AFTER = 30.0  # seconds the store stays out of the way after a failure
@@ -32,6 +37,9 @@ class RemoteStore:
         self.puts = 0
         self.failures = 0
         self.corrupt = 0
+        self.untrusted = 0
+        if trust.secret() is None:
+            trust.warn_unsigned_remote(url)
 
     def _available(self) -> bool:
         return time.monotonic() >= self._down_until
@@ -57,8 +65,12 @@ class RemoteStore:
             return None
         try:
             vmfb, _ = entry.unpack(blob, key)
-        except entry.CorruptEntry:
-            self.corrupt += 1
+        except entry.CorruptEntry as e:
+            if isinstance(e, entry.UntrustedEntry):
+                self.untrusted += 1
+                trust.refuse("remote", f"the remote executable cache {self.url}")
+            else:
+                self.corrupt += 1
             try:
                 self._redis.delete(_PREFIX + key)
             except self._errors:
@@ -78,7 +90,7 @@ class RemoteStore:
 
     def stats(self) -> dict:
         return {"remote_hits": self.hits, "remote_misses": self.misses, "remote_puts": self.puts,
-                "remote_failures": self.failures, "remote_corrupt": self.corrupt}
+                "remote_failures": self.failures, "remote_corrupt": self.corrupt, "remote_untrusted": self.untrusted}
 
 
 _remote: RemoteStore | None = None

@@ -5,6 +5,11 @@ keys go to a bounded pool of workers (default: cores minus one), so many
 ranks starting at once do not overload the host. Results go through the same
 layers as in a client (disk, remote store), so the service also answers from
 the cache. It listens on a unix socket (mode 0600) or on loopback by default.
+
+Its replies are code its clients run. With a cache secret, every connection
+must first prove it holds the secret (protocol.py's handshake, on every
+transport) and every executable it sends is signed. Without one it serves
+only a unix socket or loopback: on any other address it refuses to start.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from . import protocol
 
+_HANDSHAKE_TIMEOUT = 30.0  # seconds a peer has to prove itself before it is dropped
+
 
 class CompileService:
     def __init__(self, workers: int | None = None):
@@ -26,7 +33,7 @@ class CompileService:
         self._lock = threading.Lock()
         self.started = time.time()
         self.counts = {"requests": 0, "merged": 0, "compiles": 0, "cache_hits": 0, "compile_errors": 0,
-                       "refused": 0, "queued": 0, "running": 0}
+                       "refused": 0, "unauthorized": 0, "queued": 0, "running": 0}
         self.compile_seconds = 0.0
 
     def _count(self, name: str, delta: int = 1) -> None:
@@ -96,6 +103,16 @@ class _Handler(socketserver.BaseRequestHandler):
 
         service: CompileService = self.server.service
         sock = self.request
+        if self.server.secret is not None:
+            sock.settimeout(_HANDSHAKE_TIMEOUT)
+            try:
+                proven = protocol.server_handshake(sock, self.server.secret)
+            except (OSError, ValueError):
+                proven = False
+            if not proven:
+                service._count("unauthorized")
+                return
+            sock.settimeout(None)
         while True:
             try:
                 header, payload = protocol.recv(sock)
@@ -105,6 +122,9 @@ class _Handler(socketserver.BaseRequestHandler):
             data = b""
             if op == "health":
                 reply = service.health()
+            elif op == "hello":  # a client with a secret, and this service has none
+                reply = {"status": "error", "error": "this compile service has no cache secret, so it cannot "
+                         "prove who it is or sign its executables (start it with TORCHNEURON_CACHE_SECRET)"}
             elif op == "compile":
                 from ..cache import entry
 
@@ -136,10 +156,20 @@ class _TCPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
 
 def serve(address: str, workers: int | None = None, ready=None) -> None:
-    """Serve until interrupted. `ready(address)` is called once listening."""
+    """Serve until interrupted. `ready(address)` is called once listening.
+    Raises trust.SecretError for a non-loopback address without a secret."""
     import socket
 
+    from ..cache import trust
+
     family, sockaddr = protocol.parse_address(address)
+    secret = trust.secret()
+    if family != socket.AF_UNIX and secret is None and not trust.is_loopback(sockaddr[0]):
+        raise trust.SecretError(
+            f"refusing to listen on {address} without a cache secret: it is not a loopback address, and "
+            "anyone who can reach it could send code to every client. Set TORCHNEURON_CACHE_SECRET or "
+            "TORCHNEURON_CACHE_SECRET_FILE (the same in the service and its clients), or listen on a unix "
+            "socket or 127.0.0.1")
     if family == socket.AF_UNIX:
         directory = os.path.dirname(os.path.abspath(sockaddr))
         os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -157,6 +187,7 @@ def serve(address: str, workers: int | None = None, ready=None) -> None:
     else:
         server = _TCPServer(sockaddr, _Handler)
     server.service = CompileService(workers)
+    server.secret = secret
     if ready is not None:
         ready(address)
     try:
