@@ -107,7 +107,8 @@ def diff_components(a: dict, b: dict) -> dict:
     from ..compiler.target_cpu import enabled_features
 
     diff = {}
-    for k in sorted(set(a) | set(b)):
+    # The CPU first: when it differs, it is the reason that matters.
+    for k in sorted(set(a) | set(b), key=lambda k: (not k.startswith("target_cpu"), k)):
         va, vb = a.get(k), b.get(k)
         if va == vb:
             continue
