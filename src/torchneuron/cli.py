@@ -21,14 +21,44 @@ def _info(args) -> int:
         "driver": torchneuron.config.settings.driver,
         "available_drivers": list(hal.available_drivers()),
         "dtypes": [str(d).replace("torch.", "") for d in torchneuron.supported_dtypes()],
+        "target_cpu": _target_cpu_info(torchneuron.config.settings.target_cpu),
         "settings": torchneuron.config.as_dict(),
     }
     if args.json:
         print(json.dumps(info, indent=2))
     else:
+        cpu = info.pop("target_cpu")
         for key, value in info.items():
             print(f"{key:18s} {value}")
+        if "error" in cpu:
+            print(f"{'target_cpu':18s} {cpu['described']}: {cpu['error']}")
+        else:
+            missing = cpu["missing_on_host"]
+            runs = "runs here" if not missing else "cannot run here, this host lacks " + ", ".join(missing)
+            print(f"{'target_cpu':18s} {cpu['name']} (TORCHNEURON_TARGET_CPU={cpu['described']}; {runs})")
+            print(f"{'vector_features':18s} {' '.join(cpu['vector_features'])}")
+            print(f"{'microkernels':18s} {'on' if cpu['microkernels'] else 'off'}")
     return 0
+
+
+def _target_cpu_info(described: str) -> dict:
+    """The CPU executables are compiled for, as the compiler resolved it."""
+    from torchneuron.compiler import target_cpu
+    from torchneuron.compiler.iree_compile import cpu_flags
+
+    try:
+        cpu = target_cpu.resolve(described)
+        missing = target_cpu.missing_on_host(cpu)
+    except RuntimeError as e:
+        return {"described": described, "error": str(e)}
+    return {
+        "described": described,
+        "name": cpu.name,
+        "triple": cpu.triple,
+        "vector_features": cpu.vector_features(),
+        "microkernels": "--iree-llvmcpu-enable-ukernels=all" in cpu_flags(cpu),
+        "missing_on_host": missing,
+    }
 
 
 def _demo(args) -> int:

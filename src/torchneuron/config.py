@@ -97,6 +97,12 @@ class Settings:
     leader_compile: bool = field(default_factory=lambda: _env_int("TORCHNEURON_LEADER_COMPILE", 1) != 0)
     # Seconds a rank waits for the leader's executable before compiling itself.
     leader_timeout: float = field(default_factory=lambda: float(_env_int("TORCHNEURON_LEADER_TIMEOUT", 300)))
+    # The CPU executables are compiled for: "host" (this machine's CPU, as the
+    # compiler detects it) or an LLVM CPU name ("haswell", "skylake-avx512")
+    # with its default features. Resolved to an explicit name and feature
+    # list, which the cache key records; a CPU with features this host lacks
+    # is refused (its code could not run here).
+    target_cpu: str = field(default_factory=lambda: os.environ.get("TORCHNEURON_TARGET_CPU", "host").strip() or "host")
     # Progress line for bursts of compiles: auto (on a terminal), on, off.
     progress: str = field(default_factory=lambda: _env_choice("TORCHNEURON_PROGRESS", "auto", ("auto", "on", "off")))
 

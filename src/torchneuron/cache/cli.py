@@ -97,15 +97,17 @@ def _explain(args, disk: DiskCache) -> int:
         if not args.diff:
             data = {"key": key, "what": meta.get("what"), "components": {k: v for k, v in comps[-1].items() if k != "op"},
                     "compile_seconds": meta.get("compile_seconds"), "bytes": meta.get("size")}
+            shown = dict(data["components"])
+            if isinstance(shown.get("flags"), list):
+                shown["flags"] = [_short_flag(f) for f in shown["flags"]]
             _out(args, data, "\n".join(f"{k:16s} {v}" for k, v in data.items() if k != "components")
-                 + "\n" + "\n".join(f"  {k:14s} {v}" for k, v in data["components"].items()))
+                 + "\n" + "\n".join(f"  {k:20s} {v}" for k, v in shown.items()))
     if args.diff:
         if len(keys) != 2:
             raise SystemExit("torchneuron cache explain --diff takes two keys")
-        a, b = comps
-        diff = {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+        diff = diff_components(*comps)
         _out(args, diff, "the keys do not differ in any recorded component" if not diff else
-             "\n".join(f"{k}:\n  A: {va}\n  B: {vb}" for k, (va, vb) in diff.items()))
+             "\n".join(_diff_text(k, d) for k, d in diff.items()))
     return 0
 
 
@@ -118,6 +120,43 @@ def _add_json(tar: tarfile.TarFile, name: str, record: dict) -> None:
 
 def _signed(record: dict, secret: bytes | None) -> dict:
     return record if secret is None else dict(record, hmac=trust.entry_mac(secret, record))
+
+
+def diff_components(a: dict, b: dict) -> dict:
+    """{component: [A's, B's]} for each that differs; the CPU's feature list
+    and the flags as what only one side has (each is hundreds of characters)."""
+    from ..compiler.target_cpu import enabled_features
+
+    diff = {}
+    # The CPU first: when it differs, it is the reason that matters.
+    for k in sorted(set(a) | set(b), key=lambda k: (not k.startswith("target_cpu"), k)):
+        va, vb = a.get(k), b.get(k)
+        if va == vb:
+            continue
+        if k == "target_cpu_features" and isinstance(va, str) and isinstance(vb, str):
+            fa, fb = enabled_features(va), enabled_features(vb)
+            diff[k] = {"only_in_a": sorted(fa - fb), "only_in_b": sorted(fb - fa)} if fa != fb else [va, vb]
+        elif k == "flags" and isinstance(va, list) and isinstance(vb, list):
+            diff[k] = {"only_in_a": [_short_flag(f) for f in va if f not in vb],
+                       "only_in_b": [_short_flag(f) for f in vb if f not in va]}
+        else:
+            diff[k] = [va, vb]
+    return diff
+
+
+def _short_flag(flag: str) -> str:
+    # The CPU's feature list would bury the other flags: it has its own component.
+    from ..compiler.target_cpu import FEATURES_FLAG
+
+    return FEATURES_FLAG + "... (see target_cpu_features)" if flag.startswith(FEATURES_FLAG) else flag
+
+
+def _diff_text(name: str, d) -> str:
+    if isinstance(d, dict):
+        what = "features enabled" if name == "target_cpu_features" else "flags"
+        return (f"{name}:\n  {what} only in A: {', '.join(d['only_in_a']) or '-'}"
+                f"\n  {what} only in B: {', '.join(d['only_in_b']) or '-'}")
+    return f"{name}:\n  A: {d[0]}\n  B: {d[1]}"
 
 
 def export(disk: DiskCache, path: str) -> int:
@@ -152,6 +191,8 @@ def import_(disk: DiskCache, path: str) -> tuple:
     With a cache secret, members not signed with it are rejected too.
     Returns (executables, plans, rejected members, of which unsigned)."""
     import hashlib
+
+    from .key import key_of
 
     secret = trust.secret()
     exes: dict = {}
@@ -191,7 +232,10 @@ def import_(disk: DiskCache, path: str) -> tuple:
             meta = json.loads(parts["json"])
             vmfb = parts["vmfb"]
             ok = meta.get("key") == key and meta.get("sha256") == hashlib.sha256(vmfb).hexdigest()
-        except (KeyError, ValueError, AttributeError):
+            # Its recorded components (compiler, flags, CPU) must be what its
+            # key is the hash of: `explain` then tells the truth about it.
+            ok = ok and isinstance(meta.get("components"), dict) and key_of(meta["components"]) == key
+        except (KeyError, ValueError, AttributeError, TypeError):
             ok = False
         if not ok:
             rejected += 1

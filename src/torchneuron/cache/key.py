@@ -1,8 +1,9 @@
 """Cache keys (see DESIGN.md, "Cache key").
 
 An executable's key is the SHA-256 of its components: the canonical MLIR text
-(by its hash), the compiler version, the target, every flag that changes code,
-the torchneuron version and the entry ABI. The components are stored with each
+(by its hash), the compiler version, the target, every flag that changes code
+(among them the CPU's name and feature list, spelled out: never "host"), the
+torchneuron version and the entry ABI. The components are stored with each
 entry, so `torchneuron cache explain` can say why two keys differ.
 
 A plan id names the lowering of one op signature. Lowering is code, not data,
@@ -25,12 +26,19 @@ ENTRY_ABI = "neuron-eager-2"  # 2: read-only inputs protected from in-place upda
 def key_components(mlir: str, backend: str, flags: tuple) -> dict:
     from .. import __version__
     from ..compiler import compiler_version
+    from ..compiler.target_cpu import cpu_of_flags
 
+    # The CPU as its own fields (also inside the flags), so `cache explain`
+    # names it; taken from the flags, so whoever compiles (a compile service
+    # on another machine) computes the same key without resolving anything.
+    cpu, features = cpu_of_flags(flags)
     return {
         "mlir_sha256": hashlib.sha256(mlir.encode()).hexdigest(),
         "compiler": compiler_version(),
         "backend": backend,
         "flags": list(flags),
+        "target_cpu": cpu,
+        "target_cpu_features": features,
         "torchneuron": __version__,
         "abi": ENTRY_ABI,
     }

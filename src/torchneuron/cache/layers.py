@@ -50,7 +50,7 @@ def fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service:
         vmfb = remote.get(key)
         if vmfb is not None:
             if disk is not None:
-                disk.put_executable(key, vmfb, {"what": what, "source": "remote"})
+                disk.put_executable(key, vmfb, dict(_meta(mlir, what, target, 0.0), source="remote"))
             stats.add("remote")
             return vmfb, 0.0, "remote"
     client = service_client() if use_service else None
@@ -82,7 +82,7 @@ def fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service:
     if leader.active():
         vmfb, seconds, source = leader.compile_or_fetch(key, compile_here)
         if source == "peer" and disk is not None and not disk.has_executable(key):
-            disk.put_executable(key, vmfb, {"what": what, "source": "peer"})
+            disk.put_executable(key, vmfb, dict(_meta(mlir, what, target, 0.0), source="peer"))
     else:
         vmfb, seconds, source = compile_here()
     stats.add(source)
@@ -90,4 +90,6 @@ def fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service:
 
 
 def _meta(mlir: str, what: str, target: tuple, seconds: float) -> dict:
+    # Every entry records its components (whichever layer it came from), so
+    # `cache explain` can read them and `cache import` can check them.
     return {"what": what, "compile_seconds": round(seconds, 4), "components": key_components(mlir, *target)}

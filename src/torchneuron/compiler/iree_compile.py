@@ -34,22 +34,39 @@ def compiler_version() -> str:
     return version("iree-base-compiler")
 
 
-def target_flags(driver: str | None = None) -> tuple:
-    """(backend, flags) for a driver; every flag here changes code, so all go in the cache key."""
+def target_flags(driver: str | None = None, to_run: bool = True) -> tuple:
+    """(backend, flags) for a driver; every flag here changes code, so all go
+    in the cache key. The CPU is named explicitly (see target_cpu.py).
+    `to_run`: the code will run here, so refuse a described CPU with features
+    this host lacks (False only for work that compiles and never runs)."""
+    from . import target_cpu
+
     driver = driver or config.settings.driver
     backend = _BACKENDS.get(driver)
     if backend is None:
         raise RuntimeError(f"neuron: no compiler target for driver {driver!r}; known: {', '.join(_BACKENDS)}")
-    flags = ["--iree-input-demote-f64-to-f32=false"]
-    if backend == "llvm-cpu":
-        # Data tiling with microkernels: matmuls run on packed tiles (measured
-        # on 1024x1024 fp32, 2 cores: 19.2 ms without, 8.4 ms with; CPU eager 11.3 ms).
-        flags += [
-            "--iree-llvmcpu-target-cpu=host",
-            "--iree-opt-data-tiling=true",
-            "--iree-llvmcpu-enable-ukernels=all",
-        ]
-    return backend, tuple(flags)
+    if backend != "llvm-cpu":
+        return backend, ("--iree-input-demote-f64-to-f32=false",)
+    cpu = target_cpu.resolve(config.settings.target_cpu)
+    if to_run:
+        target_cpu.check_runnable(cpu)
+    return backend, cpu_flags(cpu)
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flags(cpu) -> tuple:
+    """The llvm-cpu flags for a resolved CPU (target_cpu.TargetCpu)."""
+    flags = ["--iree-input-demote-f64-to-f32=false", *cpu.flags(), "--iree-opt-data-tiling=true"]
+    # Microkernels per CPU (DESIGN.md, "Whole graphs, and flags per CPU"): with
+    # AVX-512 they made a 1024x1024 fp32 matmul 2.3x faster (2 cores: 19.2 ms
+    # without, 8.4 ms with; CPU eager 11.3 ms); on an AVX2-only CPU data
+    # tiling without them was fastest. Other architectures are unmeasured and
+    # keep them.
+    if cpu.arch in ("x86_64", "i386", "i686") and not cpu.has("avx512f"):
+        flags.append("--iree-llvmcpu-enable-ukernels=none")
+    else:
+        flags.append("--iree-llvmcpu-enable-ukernels=all")
+    return tuple(flags)
 
 
 def compile_mlir(mlir: str, what: str, driver: str | None = None, target: tuple | None = None) -> tuple:

@@ -14,6 +14,7 @@ from collections import OrderedDict
 
 import torch
 
+from .. import config
 from ..cache import cache_key, executable_cache, layers
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
@@ -292,3 +293,12 @@ def reset() -> None:
     with _plans_lock:
         _plans.clear()
         cached_launch.reset()
+
+
+def _on_setting(name, value) -> None:
+    # Plans in memory hold executables compiled for the old target: forget them.
+    if name in ("target_cpu", "driver"):
+        reset()
+
+
+config.on_change(_on_setting)

@@ -28,8 +28,13 @@ _atexit_registered = False
 
 
 def _manifest_path(disk) -> str:
+    from ..compiler import target_flags
+
     program = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] not in ("", "-c", "-m") else "interactive"
-    name = hashlib.sha256(program.encode()).hexdigest()[:32]
+    # One manifest per target too: a run compiling for another CPU (on a
+    # shared cache directory) must not preload executables built for this one.
+    backend, flags = target_flags()
+    name = hashlib.sha256("\0".join((program, backend, *flags)).encode()).hexdigest()[:32]
     return os.path.join(disk.root, "warm", name + ".json")
 
 
@@ -54,7 +59,10 @@ def save() -> None:
         return
     if disk is None or not disk.writable or not _used:
         return
-    path = _manifest_path(disk)
+    try:
+        path = _manifest_path(disk)
+    except Exception:  # noqa: BLE001 - no target (e.g. a refused TORCHNEURON_TARGET_CPU): nothing to save
+        return
     previous = _read(path)
     ids = list(_used) + [p for p in previous if p not in _seen]
     try:
@@ -86,7 +94,11 @@ def begin(device_index: int) -> None:
         return
     if disk is None:
         return
-    ids = _read(_manifest_path(disk))
+    try:
+        path = _manifest_path(disk)
+    except Exception:  # noqa: BLE001 - the first op reports a target it cannot use
+        return
+    ids = _read(path)
     if ids:
         threading.Thread(target=_preload, args=(disk, ids, device_index), name="neuron-warm-start",
                          daemon=True).start()

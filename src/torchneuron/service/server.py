@@ -4,7 +4,9 @@ Requests for a key already being compiled join that compile (merged); new
 keys go to a bounded pool of workers (default: cores minus one), so many
 ranks starting at once do not overload the host. Results go through the same
 layers as in a client (disk, remote store), so the service also answers from
-the cache. It listens on a unix socket (mode 0600) or on loopback by default.
+the cache. It compiles with the flags each client sent, which name the
+client's CPU; it never resolves "host" itself (that would be its own CPU).
+It listens on a unix socket (mode 0600) or on loopback by default.
 
 Its replies are code its clients run. With a cache secret, every connection
 must first prove it holds the secret (protocol.py's handshake, on every
@@ -41,9 +43,17 @@ class CompileService:
             self.counts[name] += delta
 
     def compile(self, key: str, mlir: str, what: str, target: tuple) -> tuple:
-        """(vmfb, seconds, source); raises CompileError."""
+        """(vmfb, seconds, source); raises CompileError. Compiles with the
+        client's flags as sent: they name the client's CPU, never this one."""
         from ..cache.key import cache_key
+        from ..compiler.target_cpu import names_host
 
+        host_flag = names_host(target[1])
+        if host_flag is not None:
+            # An old client: "host" here would mean this machine's CPU, not its own.
+            self._count("refused")
+            raise ValueError(f"the flag {host_flag} names no CPU: this service would compile for its own "
+                             "CPU, not the client's; upgrade the client so it sends its resolved CPU")
         if cache_key(mlir, *target) != key:
             self._count("refused")
             raise KeyError("the key does not match this service's compiler or torchneuron version")

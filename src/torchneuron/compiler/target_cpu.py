@@ -1,0 +1,238 @@
+"""The CPU that executables are compiled for, named explicitly.
+
+`--iree-llvmcpu-target-cpu=host` would put the word "host" in the compile
+flags and so in the cache key: a cache filled on an AVX-512 machine and read
+on one without (export/import, a remote store, a compile service, a shared
+directory) would hand out code that machine cannot run. Instead the CPU is
+resolved once per process the way the compiler itself does it (compile a
+trivial module to executable sources and read the `cpu` and `cpu_features`
+of its `#hal.executable.target`), and executables are compiled with that name
+and feature list spelled out.
+
+`TORCHNEURON_TARGET_CPU` describes another CPU ("haswell", "skylake-avx512");
+LLVM fills its default features. Running code compiled for a CPU with
+features this host lacks would die with SIGILL, so executing processes refuse
+such a description (`check_runnable`); compiling for it (the compile service
+does, for its clients) is fine.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+
+# Enough for the compiler to emit a #hal.executable.target for the CPU.
+_PROBE = ("func.func @probe(%a: tensor<4xf32>) -> tensor<4xf32> {\n"
+          "  %r = arith.addf %a, %a : tensor<4xf32>\n  return %r : tensor<4xf32>\n}\n")
+_TARGET_ATTR = re.compile(r'cpu = "([^"]*)", cpu_features = "([^"]*)"')
+_TRIPLE = re.compile(r'target_triple = "([^"]*)"')
+_DESCRIPTION = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+CPU_FLAG = "--iree-llvmcpu-target-cpu="
+FEATURES_FLAG = "--iree-llvmcpu-target-cpu-features="
+
+# Feature name prefixes shown as "vector features" (x86 and Arm).
+_VECTOR_PREFIXES = ("sse", "ssse", "avx", "amx", "fma", "f16c", "neon", "sve", "sme", "dotprod", "i8mm",
+                    "bf16", "fullfp16", "fp16fml")
+# Bump when the stored resolution's format or meaning changes.
+_STORE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TargetCpu:
+    described: str  # what was asked for: "host", "haswell", ...
+    name: str  # LLVM's CPU name, e.g. "emeraldrapids"
+    features: tuple  # "+avx2" / "-avx512f", one per feature, sorted by name
+    triple: str  # e.g. "x86_64-unknown-unknown-eabi-elf"
+
+    @property
+    def arch(self) -> str:
+        return self.triple.split("-", 1)[0]
+
+    @functools.cached_property
+    def enabled(self) -> frozenset:
+        return frozenset(f[1:] for f in self.features if f.startswith("+"))
+
+    def has(self, feature: str) -> bool:
+        return feature in self.enabled
+
+    @property
+    def features_text(self) -> str:
+        return ",".join(self.features)
+
+    def vector_features(self) -> list:
+        return sorted(f for f in self.enabled if f.startswith(_VECTOR_PREFIXES))
+
+    def flags(self) -> list:
+        return [CPU_FLAG + self.name, FEATURES_FLAG + self.features_text]
+
+
+def normalize_features(text: str) -> tuple:
+    """The compiler's feature list as one "+name"/"-name" per feature, the last
+    mention winning (for "host" LLVM lists the CPU's defaults, then what it
+    detected, e.g. "+enqcmd,...,-enqcmd"). Sorted, so the same CPU always
+    gives the same flag; the compiler generates the same code from it
+    (checked in tests/test_target_cpu.py)."""
+    state = {}
+    for item in text.split(","):
+        item = item.strip()
+        if len(item) > 1 and item[0] in "+-":
+            state[item[1:]] = item[0]
+    return tuple(sign + name for name, sign in sorted(state.items()))
+
+
+def enabled_features(features_text: str) -> frozenset:
+    return frozenset(f[1:] for f in normalize_features(features_text) if f.startswith("+"))
+
+
+def _probe(description: str) -> TargetCpu:
+    """Ask the compiler which CPU `description` means (about 0.2-0.4 s)."""
+    import iree.compiler as ireec
+
+    try:
+        out = ireec.compile_str(_PROBE, target_backends=["llvm-cpu"],
+                                extra_args=[CPU_FLAG + description, "--compile-to=executable-sources"])
+    except ireec.CompilerToolError as e:
+        text = str(e)
+        known = re.search(r"List of accepted CPUs: ([^\n]*)", text)
+        hint = f"; the compiler knows: {known.group(1)[:1500]}" if known else f":\n{text.strip()[:2000]}"
+        raise RuntimeError(f"neuron: TORCHNEURON_TARGET_CPU={description!r} is no CPU the compiler knows{hint}") from None
+    text = out.decode() if isinstance(out, bytes) else str(out)
+    attr, triple = _TARGET_ATTR.search(text), _TRIPLE.search(text)
+    if attr is None or triple is None:
+        raise RuntimeError(f"neuron: could not read the CPU the compiler resolved {description!r} to")
+    return TargetCpu(description, attr.group(1), normalize_features(attr.group(2)), triple.group(1))
+
+
+def _host_identity() -> str | None:
+    """What identifies this host's CPU to LLVM's detection, from /proc/cpuinfo
+    (first processor); None where there is none (then nothing is stored)."""
+    wanted = {"vendor_id", "cpu family", "model", "model name", "stepping", "flags", "Features",
+              "CPU implementer", "CPU architecture", "CPU variant", "CPU part", "CPU revision", "isa", "uarch"}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            block = f.read().split("\n\n", 1)[0]
+    except OSError:
+        return None
+    fields = []
+    for line in block.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() in wanted:
+            fields.append(f"{name.strip()}={value.strip()}")
+    return "\n".join(fields) or None
+
+
+def _store_path(description: str) -> str | None:
+    """Where this description's resolution is kept in the disk cache; None
+    when it cannot be kept (no cache, or a host CPU we cannot identify)."""
+    import platform
+
+    from ..cache.disk import disk_cache
+    from .iree_compile import compiler_version
+
+    try:
+        disk = disk_cache()
+    except Exception:  # noqa: BLE001 - an unusable cache directory is reported by the first op
+        return None
+    if disk is None or not disk.enabled:
+        return None
+    # A named CPU means the same on every host of an architecture; "host" means this CPU.
+    identity = _host_identity() if description == "host" else platform.machine()
+    if identity is None:
+        return None
+    h = hashlib.sha256(f"{_STORE_VERSION}\0{compiler_version()}\0{description}\0{identity}".encode())
+    return os.path.join(disk.root, "target", h.hexdigest() + ".json")
+
+
+def _load(path: str, description: str) -> TargetCpu | None:
+    try:
+        with open(path, "rb") as f:
+            d = json.loads(f.read())
+        cpu = TargetCpu(description, str(d["name"]), tuple(str(x) for x in d["features"]), str(d["triple"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not cpu.name or cpu.features != normalize_features(cpu.features_text):
+        return None  # damaged: resolve again
+    return cpu
+
+
+def _save(path: str, cpu: TargetCpu) -> None:
+    from ..cache.disk import disk_cache
+
+    try:
+        disk = disk_cache()
+        if disk is not None and disk.writable:
+            record = {"name": cpu.name, "features": list(cpu.features), "triple": cpu.triple}
+            disk._write_atomic(path, json.dumps(record).encode())
+    except Exception:  # noqa: BLE001 - only an optimization: the next process resolves again
+        pass
+
+
+@functools.lru_cache(maxsize=None)
+def resolve(description: str = "host") -> TargetCpu:
+    """The CPU `description` means, with its features; once per process, and
+    kept in the disk cache so a restart skips the compiler."""
+    description = description.strip() or "host"
+    if not _DESCRIPTION.match(description):
+        raise RuntimeError(f"neuron: TORCHNEURON_TARGET_CPU={description!r} is not a CPU name")
+    path = _store_path(description)
+    cpu = _load(path, description) if path else None
+    if cpu is None:
+        cpu = _probe(description)
+        if path:
+            _save(path, cpu)
+    return cpu
+
+
+def host() -> TargetCpu:
+    return resolve("host")
+
+
+def configured() -> TargetCpu:
+    """The CPU the configuration describes (TORCHNEURON_TARGET_CPU)."""
+    from .. import config
+
+    return resolve(config.settings.target_cpu)
+
+
+def missing_on_host(cpu: TargetCpu) -> list:
+    """Features `cpu` has that this host lacks (empty: its code runs here)."""
+    if cpu.described == "host":
+        return []
+    return sorted(cpu.enabled - host().enabled)
+
+
+def check_runnable(cpu: TargetCpu) -> None:
+    """Refuse to run code compiled for a CPU this host cannot execute."""
+    missing = missing_on_host(cpu)
+    if missing:
+        raise RuntimeError(
+            f"neuron: TORCHNEURON_TARGET_CPU={cpu.described!r} ({cpu.name}) has features this host's CPU "
+            f"({host().name}) lacks: {', '.join(missing)}. Code compiled for it could die here with an illegal "
+            "instruction. Describe this CPU (the default, 'host') or an older one; a compile service may still "
+            "compile for it on behalf of clients that run it."
+        )
+
+
+def names_host(flags) -> str | None:
+    """The first flag that leaves the CPU to whichever machine compiles
+    ("...target-cpu=host"), or None."""
+    for flag in flags:
+        if flag.startswith((CPU_FLAG, FEATURES_FLAG)) and flag.split("=", 1)[1].strip() == "host":
+            return flag
+    return None
+
+
+def cpu_of_flags(flags) -> tuple:
+    """(cpu name, feature list text) named by compile flags; None where absent."""
+    name = features = None
+    for flag in flags:
+        if flag.startswith(CPU_FLAG):
+            name = flag[len(CPU_FLAG):]
+        elif flag.startswith(FEATURES_FLAG):
+            features = flag[len(FEATURES_FLAG):]
+    return name, features
