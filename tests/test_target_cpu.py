@@ -17,7 +17,7 @@ import tarfile
 
 import pytest
 import torch
-from test_compile_service import _lowered, client_settings, redis_server, service  # noqa: F401 - fixtures
+from test_compile_service import _lowered
 from test_persistent_cache import run_python
 
 import torchneuron

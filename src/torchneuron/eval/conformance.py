@@ -18,6 +18,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 import torchneuron
+from torchneuron import config
 from torchneuron.dispatch import stats as dispatch_stats
 
 from . import argument_checks
@@ -32,6 +33,9 @@ CI_OPS = (
     "expand squeeze unsqueeze flatten contiguous clone zeros_like ones_like full_like tril triu "
     "cumsum index_select gather topk sort norm var erf floor lerp addcmul addcdiv"
 ).split()
+
+# Failure messages that mean an op touched memory it does not own.
+_OWNERSHIP = ("which it only reads on CPU", "shares memory with argument", "wrote outside the memory it owns")
 
 DTYPES = {
     "float32": torch.float32,
@@ -255,6 +259,10 @@ def write_markdown(path, results, command: str, max_samples: int) -> None:
         "on every device (uninitialized memory, random streams, LAPACK sign choices); those are",
         "listed at the end.",
         "",
+        "Every sample also checks that the op touched only memory it owns: each argument that",
+        "CPU leaves unchanged must be bit-for-bit unchanged on neuron, and a result must share",
+        "memory with an argument exactly when CPU's does; a violation fails the OpInfo.",
+        "",
         f"Command: `{command}` (at most {max_samples} samples per op)  ",
         f"torchneuron {torchneuron.__version__}, torch {torch.__version__}",
         "",
@@ -270,6 +278,16 @@ def write_markdown(path, results, command: str, max_samples: int) -> None:
             f"| {dtype} | {judged + d['skipped']} | {passed} | {d['compiled-pass']} | {d['fallback-pass']} "
             f"| {d['fail']} | {d['skipped']} | {rate} | {crate} |"
         )
+    lines += ["", "## Memory ownership", ""]
+    guards = "with guarded memory (`TORCHNEURON_CHECK_MEMORY=1`: guard bytes around every allocation, " \
+             "checked after every launch)" if config.settings.check_memory else "without guarded memory"
+    owners = [r for r in results if r["status"] == "fail" and any(m in r.get("error", "") for m in _OWNERSHIP)]
+    crashed = [r for r in results if "crashed the process" in r.get("error", "")]
+    lines.append(f"Run {guards}. OpInfos that wrote memory they do not own (an argument, memory past a "
+                 f"tensor, a freed block) or returned an alias CPU does not: {len(owners)}"
+                 + (": " + ", ".join(f"`{r['op']}`" for r in owners) if owners else " (none).")
+                 + f" OpInfos that crashed the process: {len(crashed)}"
+                 + (": " + ", ".join(f"`{r['op']}`" for r in crashed) if crashed else " (none)."))
     not_compared = [r for r in results if r["status"] == "skipped" and "test_compare_cpu" in r.get("error", "")]
     fallback_counts: dict = {}
     for r in results:

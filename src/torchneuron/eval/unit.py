@@ -3,7 +3,8 @@
 Each recorded signature becomes one test: random inputs with the recorded
 dtypes, sizes, strides and storage offsets (integer inputs drawn from the
 recorded value range, so indices stay valid), run on neuron and on CPU from
-the same values and seed, and compared: results, and arguments the op writes.
+the same values and seed, and compared: results, arguments the op writes,
+arguments it must leave alone (bit for bit) and which results alias arguments.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import registry
+from . import argument_checks, registry
 
 # (rtol, atol) by dtype; reductions over recorded (real) sizes need more than
 # elementwise ops, so these are a little wider than PyTorch's defaults.
@@ -124,16 +125,6 @@ def _compare(got, expected, path: str = "result") -> None:
         raise AssertionError(f"{path}: {got!r} vs CPU {expected!r}")
 
 
-def _tensors(values) -> list:
-    out = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, (list, tuple)):
-            out.extend(_tensors(v))
-    return out
-
-
 def run_case(op_name: str, sig_text: str, seed: int = 0) -> UnitResult:
     sig = json.loads(sig_text)
     try:
@@ -146,6 +137,9 @@ def run_case(op_name: str, sig_text: str, seed: int = 0) -> UnitResult:
         return UnitResult(op_name, sig_text, "unsupported", str(e))
     except Exception as e:  # noqa: BLE001 - neuron refused the inputs themselves
         return UnitResult(op_name, sig_text, "error", f"creating the inputs: {type(e).__name__}: {str(e)[:300]}")
+    cpu_in = argument_checks.tensor_leaves([cpu_args, cpu_kwargs])
+    dev_in = argument_checks.tensor_leaves([dev_args, dev_kwargs])
+    cpu_before, dev_before = argument_checks.snapshot(cpu_in), argument_checks.snapshot(dev_in)
     torch.manual_seed(seed)
     try:
         expected = op(*cpu_args, **cpu_kwargs)
@@ -158,11 +152,16 @@ def run_case(op_name: str, sig_text: str, seed: int = 0) -> UnitResult:
     except Exception as e:  # noqa: BLE001 - a backend failure, reported as such
         return UnitResult(op_name, sig_text, "error", f"{type(e).__name__}: {str(e)[:300]}")
     try:
+        # Only memory the op owns: arguments CPU leaves alone stay bit for bit,
+        # results alias arguments exactly where CPU's do.
+        argument_checks.check_unchanged(dev_in, dev_before, cpu_in, cpu_before)
+        argument_checks.check_aliasing(argument_checks.tensor_leaves(got), dev_in,
+                                       argument_checks.tensor_leaves(expected), cpu_in)
         _compare(got, expected)
         # What in-place and out= ops wrote into their arguments.
-        for i, (g, e) in enumerate(zip(_tensors(dev_args), _tensors(cpu_args))):
+        for i, (g, e) in enumerate(zip(argument_checks.tensor_leaves(dev_args), argument_checks.tensor_leaves(cpu_args))):
             _compare(g, e, f"tensor argument {i}")
-        for i, (g, e) in enumerate(zip(_tensors(dev_kwargs.values()), _tensors(cpu_kwargs.values()))):
+        for i, (g, e) in enumerate(zip(argument_checks.tensor_leaves(dev_kwargs), argument_checks.tensor_leaves(cpu_kwargs))):
             _compare(g, e, f"tensor keyword argument {i}")
     except AssertionError as e:
         return UnitResult(op_name, sig_text, "mismatch", str(e)[:500])
