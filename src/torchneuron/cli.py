@@ -218,6 +218,8 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="*", help="only these model types (model stages)")
     p.add_argument("--limit", type=int, default=None, help="at most this many models")
     p.add_argument("--jobs", type=int, default=1, help="models run in parallel worker processes")
+    p.add_argument("--models-per-process", type=int, default=1,
+                   help="models each worker runs one after another (default 1: a process per model)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per model before it counts as a hang")
     p.add_argument("--results", default=None, help="JSON-lines results file (resumable; full: docs/census.jsonl)")
     p.add_argument("--fresh", action="store_true", help="ignore results already in the results file")

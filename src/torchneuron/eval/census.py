@@ -403,45 +403,59 @@ def load_results(path: str) -> dict:
 
 
 def run_census(out_path: str, modes: list, models=None, jobs: int = 1, timeout: float = 600.0,
-               resume: bool = True, on_result=None) -> dict:
-    """Run every architecture (or `models`) in worker processes; append each
-    result to out_path as it finishes. Returns {model: result}."""
+               resume: bool = True, on_result=None, per_process: int = 1) -> dict:
+    """Run every architecture (or `models`) in worker processes, `per_process`
+    models one after another in each (a model's leftovers then meet the next
+    one, as in a program that builds several); append each result to
+    out_path as it finishes. Returns {model: result}."""
     done = load_results(out_path) if resume else {}
     todo = [a for a in architectures() if (models is None or a[0] in models) and a[0] not in done]
+    batches = [todo[i:i + per_process] for i in range(0, len(todo), max(1, per_process))]
     running: list = []
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     with open(out_path, "a") as sink:
-        while todo or running:
-            while todo and len(running) < jobs:
-                model_type, cls_name, head = todo.pop(0)
-                cmd = [sys.executable, "-m", "torchneuron.eval.census", "--worker", model_type, cls_name, head,
-                       "--modes", *modes]
+        def record(result, started):
+            result["seconds"] = round(time.monotonic() - started, 1)
+            sink.write(json.dumps(result) + "\n")
+            sink.flush()
+            done[result["model"]] = result
+            if on_result is not None:
+                on_result(result)
+
+        while batches or running:
+            while batches and len(running) < jobs:
+                batch = batches.pop(0)
+                cmd = [sys.executable, "-m", "torchneuron.eval.census", "--worker",
+                       *[x for arch in batch for x in arch], "--modes", *modes]
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                         env=dict(os.environ, TORCHNEURON_DEVICE_COUNT="1", PYTHONWARNINGS="ignore"))
-                running.append((proc, model_type, cls_name, head, time.monotonic()))
+                running.append((proc, batch, time.monotonic()))
             time.sleep(0.1)
             for item in list(running):
-                proc, model_type, cls_name, head, started = item
-                if proc.poll() is None and time.monotonic() - started < timeout:
+                proc, batch, started = item
+                if proc.poll() is None and time.monotonic() - started < timeout * len(batch):
                     continue
                 running.remove(item)
-                if proc.poll() is None:
+                timed_out = proc.poll() is None
+                if timed_out:
                     proc.kill()
                     proc.wait()
-                    result = {"model": model_type, "class": cls_name, "head": head, "status": "timeout",
-                              "reason": f"no result within {timeout:.0f} s"}
-                else:
-                    out = proc.stdout.read()
-                    line = next((x for x in out.splitlines() if x.startswith("CENSUS ")), None)
-                    result = json.loads(line[7:]) if line else {
-                        "model": model_type, "class": cls_name, "head": head, "status": "crash",
-                        "reason": f"the worker exited with {proc.returncode}"}
-                result["seconds"] = round(time.monotonic() - started, 1)
-                sink.write(json.dumps(result) + "\n")
-                sink.flush()
-                done[model_type] = result
-                if on_result is not None:
-                    on_result(result)
+                out = proc.stdout.read()
+                finished = {}
+                for line in out.splitlines():
+                    if line.startswith("CENSUS "):
+                        r = json.loads(line[7:])
+                        finished[r["model"]] = r
+                for model_type, cls_name, head in batch:
+                    result = finished.get(model_type)
+                    if result is None:
+                        result = {"model": model_type, "class": cls_name, "head": head,
+                                  "status": "timeout" if timed_out else "crash",
+                                  "reason": f"no result within {timeout * len(batch):.0f} s" if timed_out
+                                  else f"the worker exited with {proc.returncode}"}
+                        if len(batch) > 1:
+                            result["models_in_process"] = [a[0] for a in batch]
+                    record(result, started)
     return done
 
 
@@ -453,19 +467,25 @@ def _worker(argv) -> int:
         import transformers
 
         transformers.logging.set_verbosity_error()
-    model_type, cls_name, head = argv.worker
-    try:
-        result = run_one(model_type, cls_name, head, argv.modes)
-    except Exception as e:  # noqa: BLE001 - reported, never fatal to the census
-        result = {"model": model_type, "class": cls_name, "head": head, "status": "crash",
-                  "reason": _error_class(e), "trace": traceback.format_exc()[-1500:]}
-    sys.stdout.write("CENSUS " + json.dumps(result) + "\n")
-    sys.stdout.flush()
+    from torchneuron import config
+
+    batch = [argv.worker[i:i + 3] for i in range(0, len(argv.worker), 3)]
+    for model_type, cls_name, head in batch:
+        try:
+            result = run_one(model_type, cls_name, head, argv.modes)
+        except Exception as e:  # noqa: BLE001 - reported, never fatal to the census
+            result = {"model": model_type, "class": cls_name, "head": head, "status": "crash",
+                      "reason": _error_class(e), "trace": traceback.format_exc()[-1500:]}
+        result["check_memory"] = config.settings.check_memory
+        if len(batch) > 1:
+            result["models_in_process"] = [b[0] for b in batch]
+        sys.stdout.write("CENSUS " + json.dumps(result) + "\n")
+        sys.stdout.flush()
     return 0
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", nargs=3, metavar=("TYPE", "CLASS", "HEAD"))
+    parser.add_argument("--worker", nargs="+", metavar="TYPE CLASS HEAD", help="one or more model triples")
     parser.add_argument("--modes", nargs="+", default=["compile"])
     raise SystemExit(_worker(parser.parse_args()))

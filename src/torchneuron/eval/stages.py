@@ -95,7 +95,8 @@ def _models(stage: str):
         with bar:
             results = census.run_census(results_path, args.modes, models=models, jobs=args.jobs,
                                         timeout=args.timeout, resume=not args.fresh,
-                                        on_result=lambda r: bar.update(1))
+                                        on_result=lambda r: bar.update(1),
+                                        per_process=getattr(args, "models_per_process", 1))
         if models is not None:
             results = {m: r for m, r in results.items() if m in set(models)}
         failures, known = [], []
