@@ -105,6 +105,17 @@ def test_the_compiler_finds_inputs_updated_in_place():
     assert inputs_written_in_place(flow) == set()
 
 
+def _one_sample_opinfo(name, fn):
+    """An OpInfo-shaped object for the runner: one op, one 4-float sample."""
+    op = type("OpInfoUnderTest", (), {})()
+    op.name, op.variant_test_name, op.op = name, "", fn
+    op.skips, op.decorators = (), ()
+    op.sample_inputs = lambda device, dtype, requires_grad=False: [
+        type("Sample", (), {"input": torch.randn(4), "args": (), "kwargs": {}})()
+    ]
+    return op
+
+
 def test_the_conformance_check_catches_an_op_that_writes_its_input():
     """The runner's argument check fails an op whose results are right but
     which also changes an argument that CPU leaves alone."""
@@ -115,13 +126,7 @@ def test_the_conformance_check_catches_an_op_that_writes_its_input():
             x.add_(1)  # what a miscompiled op does to its input
         return result
 
-    op = type("FakeOpInfo", (), {})()
-    op.name, op.variant_test_name, op.op = "sneaky", "", sneaky
-    op.skips, op.decorators = (), ()
-    op.sample_inputs = lambda device, dtype, requires_grad=False: [
-        type("Sample", (), {"input": torch.randn(4), "args": (), "kwargs": {}})()
-    ]
-    result = conformance.run_op(op, torch.float32, max_samples=1)
+    result = conformance.run_op(_one_sample_opinfo("sneaky", sneaky), torch.float32, max_samples=1)
     assert result.status == "fail"
     assert "only reads on CPU" in result.error
 
@@ -130,13 +135,7 @@ def test_the_conformance_check_catches_a_result_aliasing_its_input():
     def aliasing(x):
         return x if x.device.type == "neuron" else x.clone()
 
-    op = type("FakeOpInfo", (), {})()
-    op.name, op.variant_test_name, op.op = "aliasing", "", aliasing
-    op.skips, op.decorators = (), ()
-    op.sample_inputs = lambda device, dtype, requires_grad=False: [
-        type("Sample", (), {"input": torch.randn(4), "args": (), "kwargs": {}})()
-    ]
-    result = conformance.run_op(op, torch.float32, max_samples=1)
+    result = conformance.run_op(_one_sample_opinfo("aliasing", aliasing), torch.float32, max_samples=1)
     assert result.status == "fail" and "shares memory" in result.error
 
 
