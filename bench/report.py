@@ -45,9 +45,16 @@ def _sync(out) -> None:
 
 
 def machine() -> str:
+    """The machine, with the CPU the executables were compiled for and its
+    vector features: they change the figures (AVX-512 vs AVX2 alone)."""
+    from torchneuron.compiler import target_cpu
+
+    cpu = target_cpu.configured()
+    vector = [f for f in cpu.vector_features() if f.startswith(("avx", "amx"))]
+    widest = "AVX-512" if cpu.has("avx512f") else "AVX2" if cpu.has("avx2") else "no AVX2"
     return (
-        f"{platform.machine()}, {torch.get_num_threads()} threads, Python {platform.python_version()}, "
-        f"torch {torch.__version__}"
+        f"{platform.machine()}, CPU {cpu.name}, {widest} ({' '.join(vector) or '-'}), "
+        f"{torch.get_num_threads()} threads, Python {platform.python_version()}, torch {torch.__version__}"
     )
 
 
