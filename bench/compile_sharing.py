@@ -26,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from report import command_line, write_section  # noqa: E402
+from report import command_line, machine, write_section  # noqa: E402
 
 _FIRST = re.compile(r"first step ([\d.]+) ms, steady-state step \(median\) ([\d.]+) ms")
 _COMPILED = re.compile(r"executables compiled\s*: (\d+)")
@@ -147,7 +147,8 @@ def main() -> int:
     lines = [
         "## Cold start, restart and compile sharing",
         "",
-        f"Command: `{command_line()}` ({os.cpu_count()} cores). Each figure comes from separate processes.",
+        f"Command: `{command_line()}` ({os.cpu_count()} cores). Each figure comes from separate processes.  ",
+        f"Machine: {machine()}",
         "",
         "**Restart** (the demo again, with the disk cache its first run filled; restarts and CPU runs "
         f"alternate, medians of {args.restarts}):",
