@@ -16,10 +16,12 @@ import torch
 
 
 def tensor_leaves(value) -> list:
-    """The tensors in an argument structure, in order (lists, tuples, dicts)."""
+    """The dense tensors in an argument structure, in order (lists, tuples,
+    dicts). Sparse tensors have no plain memory to compare: left out."""
     out = []
     if isinstance(value, torch.Tensor):
-        out.append(value)
+        if value.layout == torch.strided:
+            out.append(value)
     elif isinstance(value, (list, tuple)):
         for v in value:
             out.extend(tensor_leaves(v))
