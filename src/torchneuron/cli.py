@@ -70,6 +70,7 @@ def _demo(args) -> int:
 def _conformance(args) -> int:
     import shlex
 
+    import torchneuron
     from torchneuron.eval import conformance
 
     ops = conformance.CI_OPS if args.ci else args.ops
@@ -77,6 +78,8 @@ def _conformance(args) -> int:
         ops=ops, dtypes=args.dtypes, max_samples=args.max_samples, json_path=args.json, resume=args.resume
     )
     command = "torchneuron " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if torchneuron.config.settings.check_memory:
+        command = "TORCHNEURON_CHECK_MEMORY=1 " + command
     if args.markdown:
         conformance.write_markdown(args.markdown, results, command, args.max_samples)
     summary = conformance.summarize(results)
