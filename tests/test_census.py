@@ -122,3 +122,34 @@ def test_models_the_default_tiny_config_breaks_on_cpu_get_a_deeper_or_rope_fixed
     result = census.run_one(*archs["qwen2_vl_text"], ["host"])
     assert result["status"] == "ran" and result["variant"] == {"mrope": True}
     assert result["modes"]["host"]["forward"] == "pass"
+
+
+def test_guarded_runs_merge_into_the_census_and_are_reported(tmp_path):
+    """A guarded compiled run (one model per process, then several per process)
+    merges into a host census; the report counts runs, violations and crashes."""
+    base = tmp_path / "base.jsonl"
+    run1 = tmp_path / "one.jsonl"
+    run2 = tmp_path / "batch.jsonl"
+    host = {"forward": "pass", "backward": "pass"}
+    base.write_text("\n".join(json.dumps(r) for r in [
+        {"model": "a", "status": "ran", "modes": {"host": host}, "features": {}},
+        {"model": "b", "status": "ran", "modes": {"host": host}, "features": {}},
+    ]) + "\n")
+    run1.write_text("\n".join(json.dumps(r) for r in [
+        {"model": "a", "status": "ran", "check_memory": True, "modes": {"compile": dict(host)}},
+        {"model": "b", "status": "crash", "reason": "the worker exited with -6"},
+    ]) + "\n")
+    run2.write_text(json.dumps({"model": "a", "status": "ran", "check_memory": True, "models_in_process": ["a", "b"],
+                                "modes": {"compile": {"forward": "error",
+                                                      "error": "NeuronMemoryError: ... wrote outside"}}}) + "\n")
+    merged = tmp_path / "merged.jsonl"
+    assert census_report.merge_mode_results(str(base), str(run1), str(merged), guarded=True) == 2
+    assert census_report.merge_mode_results(str(merged), str(run2), str(merged), guarded=True) == 1
+    summary = census_report.summarize(census.load_results(str(merged)))
+    g = summary["guarded"]["compile"]
+    assert g["models"] == 2 and g["several_per_process"] == 1 and g["runs"] == 3 and g["passing"] == 1
+    assert g["violations"] == ["a"] and g["crashes"] == ["b"]
+    md = tmp_path / "census.md"
+    census_report.write_markdown(str(md), summary, census_report.select_representative(census.load_results(str(merged))),
+                                 "test")
+    assert "Guard violations: 1 (a); crashed or hung workers: 1 (b)." in md.read_text()

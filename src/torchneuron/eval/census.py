@@ -408,6 +408,8 @@ def run_census(out_path: str, modes: list, models=None, jobs: int = 1, timeout: 
     models one after another in each (a model's leftovers then meet the next
     one, as in a program that builds several); append each result to
     out_path as it finishes. Returns {model: result}."""
+    from torchneuron import config
+
     done = load_results(out_path) if resume else {}
     todo = [a for a in architectures() if (models is None or a[0] in models) and a[0] not in done]
     batches = [todo[i:i + per_process] for i in range(0, len(todo), max(1, per_process))]
@@ -455,6 +457,7 @@ def run_census(out_path: str, modes: list, models=None, jobs: int = 1, timeout: 
                                   else f"the worker exited with {proc.returncode}"}
                         if len(batch) > 1:
                             result["models_in_process"] = [a[0] for a in batch]
+                        result["check_memory"] = config.settings.check_memory
                     record(result, started)
     return done
 

@@ -67,6 +67,21 @@ def summarize(results: dict, previous: dict | None = None) -> dict:
                 by_feature[fv][f"{mode}_ran"] += mode in r.get("modes", {})
                 by_feature[fv][f"{mode}_pass"] += model_passes(r, mode)
     summary["features"] = {k: dict(v) for k, v in sorted(by_feature.items())}
+    summary["guarded"] = {}
+    for mode in modes:
+        guarded = [r for r in ran if r["modes"].get(mode, {}).get("check_memory")]
+        if guarded:
+            runs = [(r["model"], run) for r in guarded
+                    for run in (r["modes"][mode], r["modes"][mode].get("with_others")) if run]
+            summary["guarded"][mode] = {
+                "models": len(guarded),
+                "several_per_process": sum(len(run.get("models_in_process", [])) > 1 for _, run in runs),
+                "violations": sorted({m for m, run in runs if "NeuronMemoryError" in str(run.get("error", ""))}),
+                "crashes": sorted({m for m, run in runs if run.get("crashed")}),
+                "passing": sum(run.get("forward") == "pass" and run.get("backward", "pass") == "pass"
+                               for _, run in runs),
+                "runs": len(runs),
+            }
     if previous:
         summary["changes"] = _changes(results, previous, modes)
     return summary
@@ -161,6 +176,16 @@ def write_markdown(path: str, summary: dict, representative: dict, command: str)
         lines += ["", f"## Top failure causes ({mode})", "", "| cause | models | examples |", "|---|---:|---|"]
         for cause, n, examples in m["top_causes"]:
             lines.append(f"| {cause.replace('|', '/')} | {n} | {', '.join(examples)} |")
+    for mode, g in summary.get("guarded", {}).items():
+        lines += ["", f"## Guarded memory ({mode})", "",
+                  f"{g['models']} models ran in {mode} mode under `TORCHNEURON_CHECK_MEMORY=1` (guard bytes around "
+                  "every device allocation, poisoned frees, checked after every launch), "
+                  f"and {g['several_per_process']} of them again, several models one after another in one "
+                  f"process; {g['passing']} of these {g['runs']} runs matched CPU forward and backward. "
+                  f"Guard violations: {len(g['violations'])}"
+                  + (f" ({', '.join(g['violations'])})" if g["violations"] else "")
+                  + f"; crashed or hung workers: {len(g['crashes'])}"
+                  + (f" ({', '.join(g['crashes'])})." if g["crashes"] else ".")]
     lines += ["", "## Not buildable (top reasons)", "", "| reason | models |", "|---|---:|"]
     for reason, n in summary["not_buildable"]:
         lines.append(f"| {reason.replace('|', '/')} | {n} |")
@@ -175,6 +200,49 @@ def write_markdown(path: str, summary: dict, representative: dict, command: str)
         lines.append("Feature values no runnable model covers: " + ", ".join(representative["features_uncovered"]))
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def merge_mode_results(base_path: str, run_path: str, out_path: str, guarded: bool = False) -> int:
+    """Put the mode entries of a later run (run_path) into the results of a
+    census (base_path), per model, and write all to out_path. Each entry keeps
+    how it ran (guarded memory, models sharing its process); a worker that
+    crashed or hung is an error of the mode it ran. `guarded`: the run was
+    made under guarded memory. Returns models updated."""
+    from .census import load_results
+
+    base, run = load_results(base_path), load_results(run_path)
+    updated = 0
+    for model, r in run.items():
+        target = base.get(model)
+        if target is None or target.get("status") != "ran":
+            continue
+        how = {k: r[k] for k in ("check_memory", "models_in_process") if k in r}
+        if guarded:  # the whole run was under TORCHNEURON_CHECK_MEMORY=1 (crashed workers say nothing)
+            how["check_memory"] = True
+        if r.get("status") == "ran":
+            entries = {mode: dict(entry, **how) for mode, entry in r.get("modes", {}).items()}
+        elif r.get("status") in ("crash", "timeout"):
+            entries = {mode: dict(how, forward="error", crashed=True, error=f"{r['status']}: {r.get('reason', '')}")
+                       for mode in run_modes(run)}
+        else:
+            continue
+        for mode, entry in entries.items():
+            modes = target.setdefault("modes", {})
+            before = modes.get(mode)
+            if before is not None and before.get("check_memory") and len(entry.get("models_in_process", [])) > 1:
+                # A second guarded run, with other models in the process: kept beside the first.
+                before["with_others"] = entry
+            else:
+                modes[mode] = entry
+        updated += 1
+    with open(out_path, "w") as f:
+        for r in base.values():
+            f.write(json.dumps(r) + "\n")
+    return updated
+
+
+def run_modes(results: dict) -> list:
+    return sorted({m for r in results.values() for m in r.get("modes", {})})
 
 
 def write_reports(results_path: str, markdown: str, json_path: str, command: str) -> dict:
