@@ -10,9 +10,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <deque>
 #include <mutex>
-#include <unordered_map>
+#include <map>
 
 namespace torchneuron {
 namespace {
@@ -21,9 +22,9 @@ constexpr size_t kFront = 64;           // keeps the user pointer 64-byte aligne
 constexpr size_t kBack = 256;           // past the 64-byte rounding
 constexpr unsigned char kGuard = 0xFD;
 constexpr unsigned char kPoison = 0xDD;
-constexpr size_t kQuarantineBlocks = 4096;
-constexpr size_t kQuarantineBytes = 256ull << 20;
-constexpr size_t kQuickPoisonCheck = 4096;  // per check, of each quarantined block
+constexpr size_t kQuarantineBlocks = 2048;
+constexpr size_t kQuarantineBytes = 128ull << 20;
+constexpr size_t kQuickPoisonCheck = 64;  // of each quarantined block, in a quick check
 
 struct Block {
   unsigned char* base;
@@ -36,14 +37,23 @@ struct Block {
 
 std::mutex mutex;
 bool enabled = false;
-std::unordered_map<void*, Block> live;
+std::map<uintptr_t, Block> live;  // by user address: ordered, to find the block holding an address
 std::deque<Block> quarantine;
 size_t quarantine_bytes = 0;
 std::vector<GuardViolation> found;  // seen while freeing, reported by the next check
 
-// Offset of the first byte in [p, p+n) that is not `value`, or -1.
+// Offset of the first byte in [p, p+n) that is not `value`, or -1; eight
+// bytes at a time where it can.
 int64_t first_changed(const unsigned char* p, size_t n, unsigned char value) {
-  for (size_t i = 0; i < n; ++i) {
+  uint64_t word;
+  std::memset(&word, value, sizeof(word));
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t got;
+    std::memcpy(&got, p + i, 8);
+    if (got != word) break;
+  }
+  for (; i < n; ++i) {
     if (p[i] != value) return static_cast<int64_t>(i);
   }
   return -1;
@@ -104,13 +114,13 @@ void* guarded_allocate(size_t nbytes, c10::DeviceIndex device) {
   std::memset(b.base, kGuard, kFront);
   std::memset(b.user() + nbytes, kGuard, padded - nbytes + kBack);
   std::lock_guard<std::mutex> lock(mutex);
-  live.emplace(b.user(), b);
+  live.emplace(reinterpret_cast<uintptr_t>(b.user()), b);
   return b.user();
 }
 
 bool guarded_free(void* ptr) {
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = live.find(ptr);
+  auto it = live.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == live.end()) return false;
   Block b = it->second;
   live.erase(it);
@@ -122,14 +132,38 @@ bool guarded_free(void* ptr) {
   return true;
 }
 
-std::vector<GuardViolation> check_memory_guards() {
+std::vector<GuardViolation> check_memory_guards(bool thorough) {
+  // Quick (after each launch): every guard, and the start of each freed
+  // block, where a stale buffer is written first. Thorough (at syncs): the
+  // whole of each freed block too. Freed blocks are checked whole when they
+  // leave the quarantine either way.
   std::lock_guard<std::mutex> lock(mutex);
   std::vector<GuardViolation> out;
   out.swap(found);
   for (const auto& [ptr, b] : live) check_block(b, out);
   for (const auto& b : quarantine) {
     check_block(b, out);
-    check_poison(b, kQuickPoisonCheck, out);
+    check_poison(b, thorough ? b.nbytes : kQuickPoisonCheck, out);
+  }
+  return out;
+}
+
+std::vector<GuardViolation> check_memory_guards_at(const std::vector<uintptr_t>& addresses) {
+  // After a launch: the guards of the blocks it was given (an overflow lands
+  // next to them), plus anything found while freeing.
+  std::lock_guard<std::mutex> lock(mutex);
+  std::vector<GuardViolation> out;
+  out.swap(found);
+  std::vector<uintptr_t> seen;
+  for (uintptr_t address : addresses) {
+    auto it = live.upper_bound(address);
+    if (it == live.begin()) continue;
+    --it;
+    const Block& b = it->second;
+    if (address > it->first + b.padded) continue;  // not in a guarded block
+    if (std::find(seen.begin(), seen.end(), it->first) != seen.end()) continue;
+    seen.push_back(it->first);
+    check_block(b, out);
   }
   return out;
 }

@@ -127,12 +127,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         THPGenerator_initDefaultGenerator(default_generator(static_cast<c10::DeviceIndex>(i))));
   });
   m.def("enable_memory_guards", &enable_memory_guards);
-  m.def("check_memory_guards", []() {
+  auto as_tuples = [](const std::vector<GuardViolation>& found) {
     pybind11::list out;
-    for (const auto& v : check_memory_guards()) {
+    for (const auto& v : found) {
       out.append(pybind11::make_tuple(v.address, v.nbytes, static_cast<int>(v.device), v.where, v.offset));
     }
     return out;
+  };
+  m.def("check_memory_guards", [as_tuples](bool thorough) { return as_tuples(check_memory_guards(thorough)); },
+        pybind11::arg("thorough") = true);
+  m.def("check_memory_guards_at", [as_tuples](const std::vector<uintptr_t>& addresses) {
+    return as_tuples(check_memory_guards_at(addresses));
   });
   m.def("host_alias", &host_alias);
   m.def("device_copy_of", &device_copy_of);

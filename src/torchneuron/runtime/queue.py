@@ -264,7 +264,7 @@ class DeviceQueue:
                 lane.invoke(context, fn, views, keepalive, what, source, flag)
             self.launches += 1
             self._drain()
-        memory_guards.verify(what, source)
+        memory_guards.verify_launch(what, source, keepalive)
 
     def _note(self, bad) -> None:
         if bad is not None and self._bad is None:
@@ -281,7 +281,7 @@ class DeviceQueue:
             self._drain()
             bad, self._bad = self._bad, None
         if config.settings.check_memory:
-            memory_guards.verify("an op before this synchronization", user_source_line())
+            memory_guards.verify("an op before this synchronization", user_source_line(), thorough=True)
         if bad is not None:
             _, _, what, source, _ = bad
             raise NeuronAsyncError(
