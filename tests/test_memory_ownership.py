@@ -182,3 +182,12 @@ def test_recurrent_layers_train_as_on_cpu(cls):
     for p, pd in zip(cpu.parameters(), dev.parameters()):
         torch.testing.assert_close(pd.grad.cpu(), p.grad, rtol=1e-4, atol=1e-4)
     assert not any("thnn" in op for op in torchneuron.fallback_ops())
+
+
+def test_an_op_with_no_host_kernel_and_no_decomposition_says_so():
+    """_masked_scale has a CUDA kernel only: when the compiler declines it too,
+    the error names the op and why, instead of PyTorch's dispatcher failure."""
+    x = torch.randn(4, device="neuron")
+    mask = torch.ones(4, dtype=torch.uint8, device="neuron")
+    with pytest.raises(NotImplementedError, match=r"aten\._masked_scale\.default has no kernel on the host"):
+        torch.ops.aten._masked_scale(x, mask, 2.0)
