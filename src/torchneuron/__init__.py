@@ -57,6 +57,8 @@ from .dispatch import stats as _stats  # noqa: E402
 
 _register()
 
+from .adaptive import eager_mode, get_eager_mode, set_eager_mode  # noqa: E402,F401
+
 
 def supported_dtypes() -> tuple:
     """The dtypes a neuron tensor can have on the current target."""
@@ -108,5 +110,19 @@ def compile_stats() -> dict:
     }
 
 
+def adaptive_stats() -> dict:
+    """Adaptive eager mode: ops recorded, graphs cut and why, ops per graph,
+    launches by tier (fused, op by op), ops run inside fused executables or
+    one by one (per-op executable or host), fused graphs built or failed,
+    background build seconds hidden and seconds waited, and result bytes
+    never written because nobody could read them."""
+    from .adaptive import executor, stats
+
+    return {**stats.snapshot(), "fused_graphs_known": executor.graph_count()}
+
+
 def reset_stats() -> None:
+    from .adaptive import stats
+
     _stats.reset()
+    stats.reset()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 
 FALLBACK_POLICIES = ("allow", "warn", "error")
 EXECUTION_MODES = ("compile", "host")
+EAGER_MODES = ("op", "adaptive")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -55,6 +56,15 @@ class Settings:
     execution: str = field(
         default_factory=lambda: _env_choice("TORCHNEURON_EXECUTION", "compile", EXECUTION_MODES)
     )
+    # How eager ops are grouped: "op" (each op its own launch) or "adaptive"
+    # (ops recorded into graphs, each graph one fused executable, compiled in
+    # the background while the ops run one by one).
+    eager_mode: str = field(default_factory=lambda: _env_choice("TORCHNEURON_EAGER_MODE", "op", EAGER_MODES))
+    # Adaptive eager: ops in a graph before it is cut regardless.
+    adaptive_max_ops: int = field(default_factory=lambda: _env_int("TORCHNEURON_ADAPTIVE_MAX_OPS", 256))
+    # Wait for every compile instead of running what is not compiled yet on
+    # the op path or the host (for debugging and comparisons).
+    compile_wait: bool = field(default_factory=lambda: _env_int("TORCHNEURON_COMPILE_WAIT", 0) != 0)
     # Make every launch synchronous, so errors surface at the op that caused them.
     launch_blocking: bool = field(default_factory=lambda: _env_int("TORCHNEURON_LAUNCH_BLOCKING", 0) != 0)
     # Guarded memory: guard bytes around every device allocation, poisoned
@@ -123,6 +133,10 @@ def set(**changes) -> None:  # noqa: A001 - the natural name for a settings API
             raise AttributeError(f"unknown torchneuron setting {name!r}; known: {', '.join(sorted(names))}")
         if name == "fallback" and value not in FALLBACK_POLICIES:
             raise ValueError(f"fallback must be one of {', '.join(FALLBACK_POLICIES)}, got {value!r}")
+        if name == "eager_mode" and value not in EAGER_MODES:
+            raise ValueError(f"eager_mode must be one of {', '.join(EAGER_MODES)}, got {value!r}")
+        if name == "adaptive_max_ops" and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"adaptive_max_ops must be a positive integer, got {value!r}")
         if name == "execution" and value not in EXECUTION_MODES:
             raise ValueError(f"execution must be one of {', '.join(EXECUTION_MODES)}, got {value!r}")
         setattr(settings, name, value)

@@ -240,6 +240,30 @@ def run(op, info, args, kwargs, device: torch.device, remember: bool = False):
     if plan.executable is None:  # empty results: nothing to run
         outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in plan.out_specs]
         return assemble(plan.returns, sig.tensors, outs)
+    outs = launch(plan, sig, device)
+    stats.record(stats.compiled, info.name)
+    if remember:
+        cached_launch.remember(op, info, args, kwargs, sig, plan, device)
+    return assemble(plan.returns, sig.tensors, outs)
+
+
+def ready_plan(op, info, args, kwargs):
+    """(plan, signature) when this call's executable is loaded in memory,
+    else None: nothing is lowered or compiled (adaptive eager's op tier)."""
+    try:
+        sig = signature_of(op, info, args, kwargs)
+    except NotCompilable:
+        return None
+    plan = _plans.get(sig.key)
+    if type(plan) is not Plan or plan.executable is None:
+        return None
+    return plan, sig
+
+
+def launch(plan, sig, device, outs=None) -> list:
+    """Queue `plan` on the call's tensors; its new results are `outs` when
+    given (tensors of plan.out_specs, the index flag excepted), else
+    allocated here. Returns the outputs, flag included."""
     queue = device_queue(device.index)
     if plan.largest is None:
         plan.largest = largest_tensor(sig.specs, plan.out_specs)
@@ -263,19 +287,19 @@ def run(op, info, args, kwargs, device: torch.device, remember: bool = False):
         packed = torch.tensor(sig.ints, dtype=torch.int64)
         keepalive.append(packed)
         views.append(imp(packed, 0, (len(sig.ints),), torch.int64))
-    outs = []
     index = device.index
-    for shape, dtype in plan.out_specs:
-        out = new_output(shape, dtype, index)
+    given = iter(outs or ())
+    outs = []
+    for j, (shape, dtype) in enumerate(plan.out_specs):
+        out = next(given, None) if j != plan.flag else None
+        if out is None:
+            out = new_output(shape, dtype, index)
         outs.append(out)
-        views.append(imp(out, 0, shape, dtype))
+        views.append(imp(out, out.storage_offset() * dtype.itemsize, shape, dtype))
     keepalive.append(outs)
     flag = outs[plan.flag] if plan.flag is not None else None
     queue.launch(plan.executable, views, keepalive, plan.what, flag, lane)
-    stats.record(stats.compiled, info.name)
-    if remember:
-        cached_launch.remember(op, info, args, kwargs, sig, plan, device)
-    return assemble(plan.returns, sig.tensors, outs)
+    return outs
 
 
 def largest_tensor(specs, out_specs) -> int:

@@ -90,10 +90,17 @@ _TRANSFERS = frozenset(
 # runtime and compile threads did not survive the fork.
 unusable_reason = ""
 
+# Adaptive eager's recorder (torchneuron.adaptive.recorder) while that mode is
+# on: calls are recorded into graphs instead of launched one by one.
+recording = None
+
 
 def dispatch(op, *args, **kwargs):
     if not unusable_reason and config.settings.execution == "compile" and shape_registry._recorder is None:
-        result = cached_launch.run(op, args, kwargs)
+        if recording is not None:
+            result = recording.record(op, args, kwargs)
+        else:
+            result = cached_launch.run(op, args, kwargs)
         if result is not cached_launch.MISS:
             return result
     if unusable_reason:
@@ -120,6 +127,10 @@ def dispatch(op, *args, **kwargs):
         if rewrite is not None:
             result = rewrite(*args, **kwargs)
             if result is not NotImplemented:
+                return result
+        if recording is not None and recorder is None:
+            result = recording.record_slow(op, info, args, kwargs, device)
+            if result is not cached_launch.MISS:
                 return result
         try:
             return eager.run(op, info, args, kwargs, device, remember=True)
@@ -191,6 +202,10 @@ def _transfer(op, info, args, kwargs, device):
             and src.dtype == dst.dtype
         ):
             # A copy within one device (clone, contiguous, cat of views...) is device work.
+            if recording is not None and shape_registry._recorder is None:
+                result = recording.record_slow(_COPY, op_info(_COPY), (dst, src), {}, device)
+                if result is not cached_launch.MISS:
+                    return dst
             try:
                 eager.run(_COPY, op_info(_COPY), (dst, src), {}, device)
                 return dst

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -49,12 +50,24 @@ def _quiet_torch_logs():
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
     try:
-        # Some failures also print the graph being traced.
-        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        if threading.current_thread() is threading.main_thread():
+            # Some failures also print the graph being traced. Redirecting is
+            # process-wide, so a background lowering (adaptive eager) leaves
+            # the program's output alone.
+            with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                yield
+        else:
             yield
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+# One export at a time: torch.export's tracing state and the log levels above
+# are shared by the process's threads.
+_export_lock = threading.RLock()
+
+
 from .decompositions import decomposition_table, direct_decompositions, own_decompositions
 
 
@@ -121,8 +134,10 @@ def promotable_scalars(sig: CallSignature) -> bool:
     return bool(sig.specs) and not sig.mutated and all(len(s.shape) == 0 for s in sig.specs)
 
 
-def lower_call(op, info, sig: CallSignature, promote_scalars: bool = False) -> LoweredCall:
-    what = describe(info, sig)
+def call_results(op, info, sig: CallSignature):
+    """(out_specs, returns) of a call, from meta kernels: the (shape, dtype)
+    of each new result, and the structure of its return (see
+    _returns_template). Raises NeedsResize or NotCompilable."""
     metas = [_meta(s) for s in sig.specs]
     before = [tuple(m.shape) for m in metas]
     try:
@@ -139,6 +154,12 @@ def lower_call(op, info, sig: CallSignature, promote_scalars: bool = False) -> L
     returns = _returns_template(result, metas, out_specs)
     if (sig.floats or sig.ints) and not _shapes_independent_of_scalars(op, sig, out_specs):
         raise NotCompilable("result shapes depend on scalar arguments")
+    return out_specs, returns
+
+
+def lower_call(op, info, sig: CallSignature, promote_scalars: bool = False) -> LoweredCall:
+    what = describe(info, sig)
+    out_specs, returns = call_results(op, info, sig)
     outputs = _paths_to_outputs(returns)
     if all(_numel(shape) == 0 for shape, _ in out_specs) and all(
         _numel(sig.specs[i].shape) == 0 for i in sig.mutated
@@ -265,25 +286,31 @@ def _example(spec):
 
 
 def _export_to_mlir(op, sig: CallSignature, out_specs, outputs, flag, promote_scalars=False) -> str:
-    from iree.compiler.extras.fx_importer import FxImporter
-
     examples = [_example(s) for s in sig.specs]
     if sig.floats:
         examples.append(torch.tensor(sig.floats, dtype=torch.float64))
     if sig.ints:
         examples.append(torch.tensor(sig.ints, dtype=torch.int64))
     examples += [torch.zeros(shape, dtype=dtype) for shape, dtype in out_specs]
-    module = _CallModule(op, sig, outputs, flag, promote_scalars)
-    try:
-        with warnings.catch_warnings(), _quiet_torch_logs():
-            warnings.simplefilter("ignore")
-            program = torch.export.export(module, tuple(examples), strict=False)
-            program = program.run_decompositions(decomposition_table())
-    except Exception as e:  # noqa: BLE001 - export raises many kinds; all mean "not this way"
-        raise NotCompilable(f"export failed: {type(e).__name__}: {str(e)[:300]}") from None
-    try:
-        importer = FxImporter()
-        importer.import_program(program, func_name="main")
-    except Exception as e:  # noqa: BLE001
-        raise NotCompilable(f"import failed: {type(e).__name__}: {str(e)[:300]}") from None
-    return importer.module.operation.get_asm(enable_debug_info=False)
+    return export_to_mlir(_CallModule(op, sig, outputs, flag, promote_scalars), examples)
+
+
+def export_to_mlir(module: torch.nn.Module, examples: list) -> str:
+    """A module whose forward writes its results into its inputs -> torch MLIR
+    (input mutations become writes into the caller's buffers)."""
+    from iree.compiler.extras.fx_importer import FxImporter
+
+    with _export_lock:
+        try:
+            with warnings.catch_warnings(), _quiet_torch_logs():
+                warnings.simplefilter("ignore")
+                program = torch.export.export(module, tuple(examples), strict=False)
+                program = program.run_decompositions(decomposition_table())
+        except Exception as e:  # noqa: BLE001 - export raises many kinds; all mean "not this way"
+            raise NotCompilable(f"export failed: {type(e).__name__}: {str(e)[:300]}") from None
+        try:
+            importer = FxImporter()
+            importer.import_program(program, func_name="main")
+        except Exception as e:  # noqa: BLE001
+            raise NotCompilable(f"import failed: {type(e).__name__}: {str(e)[:300]}") from None
+        return importer.module.operation.get_asm(enable_debug_info=False)

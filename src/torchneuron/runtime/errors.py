@@ -26,3 +26,24 @@ def user_source_line() -> str:
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
     return "<unknown>"
+
+
+_skipped: dict = {}  # code object -> whether it is torch's or torchneuron's
+
+
+def user_location():
+    """(filename, line) of the innermost frame outside torch and torchneuron,
+    cheaply (per code object, whether to skip it is decided once): adaptive
+    eager records one per op and formats it only when it is needed."""
+    frame = sys._getframe(1)
+    skipped = _skipped
+    while frame is not None:
+        code = frame.f_code
+        skip = skipped.get(code)
+        if skip is None:
+            filename = code.co_filename
+            skip = skipped[code] = filename.startswith(_SKIP) or filename.startswith("<frozen")
+        if not skip:
+            return code.co_filename, frame.f_lineno
+        frame = frame.f_back
+    return "<unknown>", 0

@@ -23,6 +23,9 @@ from .errors import NeuronAsyncError, user_source_line
 
 _instance = None
 _queues: dict = {}
+# Called with a device index before the host waits for that device: work
+# recorded but not yet queued (adaptive eager) is queued first.
+before_sync: list = []
 
 
 def _numel(shape) -> int:
@@ -93,22 +96,29 @@ class Lane:
         it alive); it is used only while a live tensor owns that memory, as
         the launch that uses it keeps the tensor alive."""
         address = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size() + byte_offset
+        view = self.views.get((address, shape, dtype))
+        if view is not None:
+            return view
+        if _numel(shape) == 0:
+            host = _C.host_bytes(tensor, byte_offset, 0).numpy()
+            buffer = self.device.allocator.import_host_allocation(host, _MEMORY_TYPE, _BUFFER_USAGE)
+            return self._rt.HalBufferView(buffer, shape, _ELEMENT_TYPES[dtype])
+        return self.import_at(address, shape, dtype)
+
+    def import_at(self, address: int, shape, dtype):
+        """A buffer view over `shape` elements of device memory at `address`
+        (64-byte aligned, not empty), without a copy; cached as import_memory's."""
         key = (address, shape, dtype)
         view = self.views.get(key)
         if view is not None:
             return view
-        rt = self._rt
         nbytes = _numel(shape) * dtype.itemsize
-        if nbytes == 0:
-            host = _C.host_bytes(tensor, byte_offset, 0).numpy()
-        else:
-            host = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+        host = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
         buffer = self.device.allocator.import_host_allocation(host, _MEMORY_TYPE, _BUFFER_USAGE)
-        view = rt.HalBufferView(buffer, shape, _ELEMENT_TYPES[dtype])
-        if nbytes:
-            if len(self.views) >= _MAX_CACHED_VIEWS:
-                del self.views[next(iter(self.views))]  # oldest first
-            self.views[key] = view
+        view = self._rt.HalBufferView(buffer, shape, _ELEMENT_TYPES[dtype])
+        if len(self.views) >= _MAX_CACHED_VIEWS:
+            del self.views[next(iter(self.views))]  # oldest first
+        self.views[key] = view
         return view
 
     def busy(self) -> bool:
@@ -166,7 +176,7 @@ class Lane:
         while pending and pending[0][0] <= value:
             entry = pending.popleft()
             flag = entry[4]
-            if flag is not None and bad is None and _C.host_alias(flag).item():
+            if flag is not None and bad is None and _C.host_alias(flag).any():
                 bad = entry
         self.completed = max(self.completed, value)
         return bad
@@ -230,7 +240,7 @@ class DeviceQueue:
                     self._note(task.wait(task.value, self.index))
                 lane.run_inline(context, fn, views, what)
                 self.launches += 1
-                if flag is not None and _C.host_alias(flag).item():
+                if flag is not None and _C.host_alias(flag).any():
                     self._note((lane.value, keepalive, what, user_source_line(), flag))
                 if config.settings.launch_blocking:
                     self.synchronize()
@@ -258,7 +268,7 @@ class DeviceQueue:
             self._drain()
             if lane.inline:
                 lane.run_inline(context, fn, views, what)
-                if flag is not None and _C.host_alias(flag).item():
+                if flag is not None and _C.host_alias(flag).any():
                     self._note((lane.value, keepalive, what, source, flag))
             else:
                 lane.invoke(context, fn, views, keepalive, what, source, flag)
@@ -283,7 +293,9 @@ class DeviceQueue:
         if config.settings.check_memory:
             memory_guards.verify("an op before this synchronization", user_source_line(), thorough=True)
         if bad is not None:
-            _, _, what, source, _ = bad
+            _, _, what, source, flag = bad
+            if hasattr(what, "culprit"):  # a fused graph: name the op whose flag is set
+                what, source = what.culprit(_C.host_alias(flag))
             raise NeuronAsyncError(
                 f"neuron: {what} (issued at {source}) used an index out of range "
                 "(device-side check; the indices were clamped and its results are invalid)"
@@ -304,12 +316,16 @@ def device_queue(index: int) -> DeviceQueue:
 
 
 def synchronize(index: int) -> None:
+    for hook in before_sync:
+        hook(index)
     queue = _queues.get(index)
     if queue is not None:
         queue.synchronize()
 
 
 def synchronize_all() -> None:
+    for hook in before_sync:
+        hook(None)
     for queue in list(_queues.values()):
         queue.synchronize()
 

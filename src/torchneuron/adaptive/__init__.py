@@ -1,0 +1,61 @@
+"""Adaptive eager mode: eager ops are recorded into small graphs, each graph
+runs as one fused executable, and graphs not compiled yet run op by op while
+they compile in the background (recorder -> executor).
+
+Switched with `torchneuron.set_eager_mode("adaptive" | "op")`, the context
+manager `torchneuron.eager_mode(...)` or TORCHNEURON_EAGER_MODE.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from .. import config
+from ..dispatch import entry
+from ..runtime import queue
+from . import executor, recorder, stats
+
+
+def _apply(mode: str) -> None:
+    if mode == "adaptive":
+        entry.recording = recorder
+    else:
+        entry.recording = None
+        recorder.flush(None, "mode switch")
+
+
+def _on_setting(name, value) -> None:
+    if name == "eager_mode":
+        _apply(value)
+
+
+def set_eager_mode(mode: str) -> None:
+    """"adaptive" (record ops into fused graphs) or "op" (one launch per op)."""
+    config.set(eager_mode=mode)
+
+
+def get_eager_mode() -> str:
+    return config.settings.eager_mode
+
+
+@contextlib.contextmanager
+def eager_mode(mode: str):
+    """Run a block in one eager mode; pending work is cut at the boundaries."""
+    previous = config.settings.eager_mode
+    recorder.flush(None, "mode switch")
+    set_eager_mode(mode)
+    try:
+        yield
+    finally:
+        set_eager_mode(previous)
+
+
+def _before_sync(index) -> None:
+    recorder.flush(index, "sync")
+
+
+queue.before_sync.append(_before_sync)
+config.on_change(_on_setting)
+_apply(config.settings.eager_mode)
+
+__all__ = ["eager_mode", "executor", "get_eager_mode", "recorder", "set_eager_mode", "stats"]

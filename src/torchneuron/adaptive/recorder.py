@@ -1,0 +1,278 @@
+"""Recording: in adaptive eager mode an op on neuron tensors is appended to its
+device's pending graph instead of launching.
+
+Its results are ordinary neuron tensors, allocated at once (data_ptr, views,
+aliasing, version counters and autograd behave as in op mode); only their
+contents are pending until the graph is cut. What recording needs to know
+about a call (result shapes from meta kernels, which arguments it writes, its
+argument structure) is a recipe, remembered under the call's cheap key, so an
+op met before costs a lookup.
+
+A graph refers to memory by storage: each storage its ops touch is a slot,
+held by its Python storage object (never by a tensor: a storage whose only
+holder is the graph at the cut is a dead intermediate, see executor).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .. import _C, config
+from ..dispatch.cached_launch import MISS, _key, _params_of, assemble
+from ..lowering import NotCompilable, signature_of
+from ..lowering.call import FRef, IRef, Seq, TRef
+from ..lowering.graph import _paths_to_outputs, call_results, describe
+from ..lowering import index_checks
+from ..runtime.errors import user_location
+from . import stats
+
+new_output = _C.empty
+
+
+class Recipe:
+    """How to record one kind of call (one cheap key)."""
+
+    __slots__ = ("id", "key", "op", "info", "args", "kwargs", "views", "mutated", "out_specs", "returns",
+                 "outputs", "checked", "what", "index", "n_floats", "n_ints")
+
+    def __init__(self, **fields):
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+
+class _NotRecordable:
+    __slots__ = ("reason",)
+
+    def __init__(self, reason):
+        self.reason = reason
+
+
+class OpRecord:
+    __slots__ = ("recipe", "refs", "floats", "ints", "out_slots", "location")
+
+    def __init__(self, recipe, refs, floats, ints, out_slots, location):
+        self.recipe = recipe
+        self.refs = refs  # (slot, storage offset) per tensor argument, flattened
+        self.floats = floats
+        self.ints = ints
+        self.out_slots = out_slots
+        self.location = location  # (filename, line) of the user's call
+
+    def source(self) -> str:
+        return f"{self.location[0]}:{self.location[1]}"
+
+
+class PendingGraph:
+    """The ops recorded on one device since its last cut."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.slot_of: dict = {}  # storage address -> slot
+        self.storages: list = []  # slot -> UntypedStorage (keeps the memory alive)
+        self.addresses: list = []
+        self.dtypes: list = []
+        self.numels: list = []
+        self.external: list = []  # slot -> existed before the graph
+        self.ops: list = []  # OpRecord
+        self.identity: list = []  # what makes two graphs the same graph
+        self.floats: list = []
+        self.ints: list = []
+
+    def add_slot(self, storage, address, dtype, numel, external) -> int:
+        slot = len(self.storages)
+        self.slot_of[address] = slot
+        self.storages.append(storage)
+        self.addresses.append(address)
+        self.dtypes.append(dtype)
+        self.numels.append(numel)
+        self.external.append(external)
+        if external:
+            self.identity.append((dtype, numel))
+        return slot
+
+
+_recipes: dict = {}  # cheap key -> Recipe or _NotRecordable
+_MAX_RECIPES = 16384
+_pending: dict = {}  # device index -> PendingGraph
+_next_id = [0]
+_lock = threading.Lock()
+cut_hook = None  # executor.cut(graph, reason), set by the executor (it sits above this module)
+
+
+def pending_graph(index: int):
+    return _pending.get(index)
+
+
+def take(index: int):
+    """Detach and return a device's pending graph (None if empty)."""
+    return _pending.pop(index, None)
+
+
+def record(op, args, kwargs):
+    """The hot path: results of a call whose recipe is known, or MISS."""
+    params = _params_of_known.get(op)
+    if params is None:
+        return MISS
+    found = _key(op, args, kwargs, params)
+    if found is None:
+        return MISS
+    key, tensors, _, floats, ints = found
+    recipe = _recipes.get(key)
+    if recipe is None or type(recipe) is _NotRecordable:
+        return MISS
+    return _append(recipe, tensors, floats, ints)
+
+
+_params_of_known: dict = {}  # op -> params, once the op has a recipe
+
+
+def record_slow(op, info, args, kwargs, device):
+    """Record a call met for the first time (building its recipe); MISS when it
+    cannot be recorded, after cutting the device's graph (so what runs next
+    runs after everything recorded before it)."""
+    recipe = _recipe_for(op, info, args, kwargs)
+    if type(recipe) is Recipe:
+        found = _key(op, args, kwargs, _params_of_known[op])
+        result = _append(recipe, found[1], found[3], found[4])
+        if result is not MISS:
+            return result
+        reason = "storage-dtype"
+    else:
+        reason = "unrecordable"
+        stats.cut_reasons[f"{reason}: {info.name}"] += 0  # listed even when no graph was pending
+    flush(device.index, f"{reason}: {info.name}")
+    return MISS
+
+
+def flush(index, reason: str) -> None:
+    """Cut the pending graph of one device (index None: of every device)."""
+    if index is None:
+        for i in list(_pending):
+            flush(i, reason)
+        return
+    graph = _pending.pop(index, None)
+    if graph is not None and graph.ops:
+        cut_hook(graph, reason)
+
+
+def _recipe_for(op, info, args, kwargs):
+    params = _params_of(op, info)
+    found = _key(op, args, kwargs, params)
+    if found is None:
+        return _NotRecordable("arguments the cheap key cannot take")
+    key, tensors, _, floats, ints = found
+    recipe = _recipes.get(key)
+    if recipe is not None:
+        return recipe
+    recipe = _build_recipe(op, info, args, kwargs, key, tensors, floats, ints)
+    with _lock:
+        if len(_recipes) >= _MAX_RECIPES:
+            del _recipes[next(iter(_recipes))]
+        _recipes[key] = recipe
+        if type(recipe) is Recipe:
+            _params_of_known[op] = params
+    return recipe
+
+
+def _build_recipe(op, info, args, kwargs, key, tensors, floats, ints):
+    if info.seeded or info.metadata_only or not info.host_kernel:
+        return _NotRecordable("not an op the host path can replay")
+    try:
+        sig = signature_of(op, info, args, kwargs)
+        if len(sig.tensors) != len(tensors) or any(a is not b for a, b in zip(tensors, sig.tensors)):
+            return _NotRecordable("the cheap key takes the call apart differently")
+        if sig.floats != floats or sig.ints != ints:
+            return _NotRecordable("the cheap key takes the scalars apart differently")
+        if any(s.on_host for s in sig.specs):
+            return _NotRecordable("a host tensor argument")
+        if any(t.untyped_storage().nbytes() == 0 for t in tensors):
+            return _NotRecordable("an argument without memory")
+        out_specs, returns = call_results(op, info, sig)
+    except NotCompilable as e:  # NeedsResize included: the op path resizes
+        return _NotRecordable(str(e))
+    if not out_specs and not sig.mutated:
+        return _NotRecordable("no results")
+    if any(_numel(shape) == 0 for shape, _ in out_specs):
+        return _NotRecordable("an empty result")
+    views = tuple((spec.shape, spec.stride if spec.stride is not None else _contiguous_strides(spec.shape))
+                  for spec in sig.specs)
+    with _lock:
+        _next_id[0] += 1
+        rid = _next_id[0]
+    device = next(t.device for t in tensors) if tensors else None
+    if device is None:
+        return _NotRecordable("no tensor arguments")
+    return Recipe(
+        id=rid, key=key, op=op, info=info, args=sig.args, kwargs=sig.kwargs, views=views,
+        mutated=sig.mutated, out_specs=tuple(out_specs), returns=returns,
+        outputs=tuple(_paths_to_outputs(returns)), checked=index_checks.has_checks(op),
+        what=describe(info, sig), index=device.index, n_floats=len(floats), n_ints=len(ints),
+    )
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides = []
+    step = 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _append(recipe, tensors, floats, ints):
+    index = recipe.index
+    graph = _pending.get(index)
+    if graph is None:
+        graph = _pending[index] = PendingGraph(index)
+    refs = []
+    slot_of = graph.slot_of
+    for t in tensors:
+        storage = t.untyped_storage()
+        address = storage.data_ptr()
+        slot = slot_of.get(address)
+        dtype = t.dtype
+        if slot is None:
+            nbytes = storage.nbytes()
+            if nbytes % dtype.itemsize:
+                return MISS
+            slot = graph.add_slot(storage, address, dtype, nbytes // dtype.itemsize, True)
+        elif graph.dtypes[slot] is not dtype:
+            return MISS  # one storage seen as two dtypes: the op path takes it
+        refs.append(slot)
+        refs.append(t.storage_offset())
+    outs = []
+    out_slots = []
+    for shape, dtype in recipe.out_specs:
+        out = new_output(shape, dtype, index)
+        storage = out.untyped_storage()
+        out_slots.append(graph.add_slot(storage, storage.data_ptr(), dtype, _numel(shape), False))
+        outs.append(out)
+    refs = tuple(refs)
+    graph.ops.append(OpRecord(recipe, refs, floats, ints, out_slots, user_location()))
+    graph.identity.append((recipe.id, refs))
+    if floats:
+        graph.floats.extend(floats)
+    if ints:
+        graph.ints.extend(ints)
+    if len(graph.ops) >= config.settings.adaptive_max_ops:
+        _pending.pop(index, None)
+        cut_hook(graph, "size")
+    return assemble(recipe.returns, tensors, outs)
+
+
+def reset() -> None:
+    with _lock:
+        _recipes.clear()
+        _params_of_known.clear()
+
+
+__all__ = ["FRef", "IRef", "MISS", "Seq", "TRef", "flush", "record", "record_slow"]

@@ -1,0 +1,186 @@
+"""Lowering a recorded graph of op calls to one MLIR module.
+
+The graph mirrors the program's memory: each storage its ops touch is a slot,
+held as a flat tensor. Storages that existed before the graph (external slots)
+are inputs; storages the graph's ops created (new slots) start as those ops'
+results. Every op reads views of slots and its writes are scattered back into
+the slot, all functionally, so views and in-place ops need no special case.
+At the end, external slots the graph wrote are written back into the caller's
+buffers, and new slots whose tensors are still alive are written into their
+destinations; the others (intermediates the program dropped) are never written.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from . import index_checks
+from .call import numbers_as_tensors, rebuild
+from .decompositions import direct_decompositions
+from .graph import _get, export_to_mlir
+
+_CPU = torch.device("cpu")
+
+
+class ViewRef(NamedTuple):
+    """One tensor argument: a view (shape, stride, offset, in elements) of a slot."""
+
+    slot: int
+    offset: int
+    shape: tuple
+    stride: tuple
+
+
+class SlotSpec(NamedTuple):
+    dtype: torch.dtype
+    numel: int
+    external: bool  # existed before the graph (an input); else created by one of its ops
+
+
+class GraphOp(NamedTuple):
+    op: object  # the aten OpOverload
+    args: tuple  # argument structure, leaves TRef/FRef/IRef (lowering.call)
+    kwargs: tuple
+    views: tuple  # ViewRef per TRef index
+    mutated: frozenset  # TRef indices the op writes
+    outputs: tuple  # (result path, slot) per new result
+    floats: int  # where this op's floats start in the packed float input, and how many
+    n_floats: int
+    ints: int
+    n_ints: int
+    checked: bool  # indexes: computes an out-of-range flag
+
+
+class GraphSpec(NamedTuple):
+    slots: tuple  # SlotSpec per slot
+    ops: tuple  # GraphOp, in program order
+    live: tuple  # new slots written out, in order
+    n_floats: int
+    n_ints: int
+
+    def external(self) -> list:
+        return [i for i, s in enumerate(self.slots) if s.external]
+
+    def written_externals(self) -> list:
+        written = {op.views[i].slot for op in self.ops for i in op.mutated}
+        return [i for i in self.external() if i in written]
+
+    def flags(self) -> int:
+        return sum(op.checked for op in self.ops)
+
+
+def _contiguous(shape, stride) -> bool:
+    expected = 1
+    for n, s in zip(reversed(shape), reversed(stride)):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _view(buf, ref: ViewRef):
+    n = _numel(ref.shape)
+    if _contiguous(ref.shape, ref.stride):
+        if ref.offset == 0 and n == buf.shape[0]:
+            return buf.view(ref.shape)
+        return buf.narrow(0, ref.offset, n).view(ref.shape)
+    return buf.as_strided(ref.shape, ref.stride, ref.offset)
+
+
+def _scatter(buf, ref: ViewRef, value):
+    """buf with the view `ref` replaced by value (functionally)."""
+    n = _numel(ref.shape)
+    flat = value.reshape(-1)
+    if _contiguous(ref.shape, ref.stride):
+        if ref.offset == 0 and n == buf.shape[0]:
+            return flat.clone()
+        return buf.slice_scatter(flat, 0, ref.offset, ref.offset + n)
+    index = torch.arange(buf.shape[0], device=buf.device).as_strided(ref.shape, ref.stride, ref.offset)
+    return buf.index_put((index.reshape(-1),), flat)
+
+
+class _GraphModule(torch.nn.Module):
+    """forward(external slots..., floats?, ints?, live destinations..., flags?)."""
+
+    def __init__(self, spec: GraphSpec):
+        super().__init__()
+        self.spec = spec
+
+    def forward(self, *inputs):
+        spec = self.spec
+        externals = spec.external()
+        bufs: dict = {}
+        pos = 0
+        for slot in externals:
+            # A reshape round trip: IREE cannot write a destination straight
+            # from an argument (see graph._CallModule).
+            x = inputs[pos]
+            bufs[slot] = x.unsqueeze(0).squeeze(0) if x.numel() else x
+            pos += 1
+        floats: list = []
+        ints: list = []
+        if spec.n_floats:
+            packed = inputs[pos]
+            pos += 1
+            floats = [packed[j].item() for j in range(spec.n_floats)]
+        if spec.n_ints:
+            packed = inputs[pos]
+            pos += 1
+            ints = [packed[j].item() for j in range(spec.n_ints)]
+        flags = []
+        for gop in spec.ops:
+            tensors = []
+            for i, ref in enumerate(gop.views):
+                v = _view(bufs[ref.slot], ref)
+                tensors.append(v.clone() if i in gop.mutated else v)
+            op_floats = floats[gop.floats:gop.floats + gop.n_floats]
+            op_ints = ints[gop.ints:gop.ints + gop.n_ints]
+            args = tuple(rebuild(s, tensors, op_floats, op_ints, _CPU) for s in gop.args)
+            kwargs = {k: rebuild(s, tensors, op_floats, op_ints, _CPU) for k, s in gop.kwargs}
+            args, kwargs = numbers_as_tensors(gop.op, args, kwargs)
+            if gop.checked:
+                args, kwargs, out_of_range = index_checks.apply(gop.op, args, kwargs)
+                flags.append(out_of_range.reshape(()))
+            result = direct_decompositions().get(gop.op, gop.op)(*args, **kwargs)
+            for path, slot in gop.outputs:
+                bufs[slot] = _get(result, path).reshape(-1)
+            for i in sorted(gop.mutated):
+                ref = gop.views[i]
+                bufs[ref.slot] = _scatter(bufs[ref.slot], ref, tensors[i])
+        written = set(spec.written_externals())
+        for k, slot in enumerate(externals):
+            if slot in written:
+                inputs[k].copy_(bufs[slot])
+        for slot in spec.live:
+            inputs[pos].copy_(bufs[slot])
+            pos += 1
+        if flags:
+            inputs[pos].copy_(torch.stack(flags))
+        return ()
+
+
+def examples_of(spec: GraphSpec, floats: list, ints: list) -> list:
+    examples = [torch.zeros(spec.slots[i].numel, dtype=spec.slots[i].dtype) for i in spec.external()]
+    if spec.n_floats:
+        examples.append(torch.tensor(floats, dtype=torch.float64))
+    if spec.n_ints:
+        examples.append(torch.tensor(ints, dtype=torch.int64))
+    examples += [torch.zeros(spec.slots[i].numel, dtype=spec.slots[i].dtype) for i in spec.live]
+    if spec.flags():
+        examples.append(torch.zeros(spec.flags(), dtype=torch.bool))
+    return examples
+
+
+def lower_graph(spec: GraphSpec, floats: list, ints: list) -> str:
+    """MLIR for a recorded graph; `floats`/`ints`: one occurrence's runtime
+    scalars (examples for tracing; they are inputs of the executable)."""
+    return export_to_mlir(_GraphModule(spec), examples_of(spec, floats, ints))
