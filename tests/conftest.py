@@ -27,10 +27,20 @@ def pytest_sessionfinish(session, exitstatus):
         shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "op_mode: tests of op-by-op eager's own mechanisms; they run in op mode in every suite run"
+    )
+
+
 @pytest.fixture(autouse=True)
-def _fresh_settings():
-    """Each test starts with the default fallback policy and no memory limit."""
+def _fresh_settings(request):
+    """Each test starts with the default fallback policy and no memory limit,
+    in the suite's eager mode (TORCHNEURON_EAGER_MODE), or op mode for tests
+    marked op_mode."""
     saved = torchneuron.config.as_dict()
+    if request.node.get_closest_marker("op_mode") is not None:
+        torchneuron.set_eager_mode("op")
     yield
     torch.neuron.synchronize()
     torchneuron.config.set(
@@ -38,6 +48,9 @@ def _fresh_settings():
         memory_limit_mb=saved["memory_limit_mb"],
         execution=saved["execution"],
         launch_blocking=saved["launch_blocking"],
+        eager_mode=saved["eager_mode"],
+        compile_wait=saved["compile_wait"],
+        adaptive_max_ops=saved["adaptive_max_ops"],
     )
     torch.neuron.set_device(0)
 

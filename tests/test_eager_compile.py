@@ -8,6 +8,10 @@ import torchneuron
 from torchneuron.compiler import CompileError, compile_mlir
 from torchneuron.runtime import NeuronAsyncError, device_queue
 
+# These tests check op-by-op eager's own mechanisms (one executable per
+# signature, cheap-key launches, lanes); adaptive eager has its own tests.
+pytestmark = pytest.mark.op_mode
+
 
 def _compiles() -> int:
     return torchneuron.compile_stats()["compiles"]

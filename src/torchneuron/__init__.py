@@ -57,7 +57,7 @@ from .dispatch import stats as _stats  # noqa: E402
 
 _register()
 
-from .adaptive import eager_mode, get_eager_mode, set_eager_mode  # noqa: E402,F401
+from .adaptive import eager_mode, get_eager_mode, set_eager_mode, wait_for_compiles  # noqa: E402,F401
 
 
 def supported_dtypes() -> tuple:

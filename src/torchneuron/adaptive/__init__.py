@@ -50,6 +50,13 @@ def eager_mode(mode: str):
         set_eager_mode(previous)
 
 
+def wait_for_compiles(timeout: float | None = None) -> bool:
+    """Cut pending graphs and wait until every fused graph met so far is built
+    (or known to fail), so later occurrences run fused; False on timeout."""
+    recorder.flush(None, "wait for compiles")
+    return executor.wait_for_builds(timeout)
+
+
 def _before_sync(index) -> None:
     recorder.flush(index, "sync")
 
@@ -58,4 +65,4 @@ queue.before_sync.append(_before_sync)
 config.on_change(_on_setting)
 _apply(config.settings.eager_mode)
 
-__all__ = ["eager_mode", "executor", "get_eager_mode", "recorder", "set_eager_mode", "stats"]
+__all__ = ["eager_mode", "executor", "get_eager_mode", "recorder", "set_eager_mode", "stats", "wait_for_compiles"]

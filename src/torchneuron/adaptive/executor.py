@@ -32,9 +32,11 @@ from ..cache.disk import disk_cache
 from ..cache.key import plan_id
 from ..compiler import target_flags
 from ..dispatch import eager, host_fallback
+from ..dispatch import stats as op_stats
 from ..lowering import NotCompilable
 from ..lowering.call import numbers_as_tensors, rebuild
-from ..lowering.fused import GraphOp, GraphSpec, SlotSpec, ViewRef, lower_graph
+from ..lowering.fused import GraphOp, GraphSpec, SlotSpec, ViewRef
+from ..lowering.worker import lower_graph_elsewhere
 from ..lowering.graph import _get
 from ..runtime import LoadedExecutable, device_queue
 from ..runtime.errors import NeuronAsyncError
@@ -64,13 +66,17 @@ _builder_lock = threading.Lock()
 
 
 def _build_pool() -> ThreadPoolExecutor:
-    """One background thread lowers and compiles fused graphs, at a lower
-    scheduling priority than the program (compiles it starts inherit it)."""
+    """One background thread builds fused graphs: it has them lowered in the
+    worker process (lowering.worker) and compiles them, at a lower scheduling
+    priority than the program (compiles it starts inherit it)."""
     global _builder
     with _builder_lock:
         if _builder is None:
             _builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neuron-adaptive-build",
                                           initializer=_lower_priority)
+            # At exit, builds not started are dropped (the one running finishes
+            # and lands in the cache for the next run).
+            threading._register_atexit(_builder.shutdown, wait=False, cancel_futures=True)
         return _builder
 
 
@@ -164,6 +170,9 @@ def _launch_fused(graph, fused, live) -> None:
     queue.launch(fused.executable, bound, keepalive, what, flag, lane)
     stats.launches["fused"] += 1
     stats.add("ops_fused", len(graph.ops))
+    compiled = op_stats.compiled
+    for op in graph.ops:
+        compiled[op.recipe.info.name] += 1
     dead = sum(numels[i] * dtypes[i].itemsize for i, ext in enumerate(graph.external) if not ext and i not in live)
     if dead:
         stats.add("bytes_not_written", dead)
@@ -222,7 +231,7 @@ def _build(fused, spec, floats, ints, stable) -> None:
                 executable, _ = executable_cache().put(key, LoadedExecutable(vmfb, key, fused.what), len(vmfb))
                 layers.stats.add("disk")
         if executable is None:
-            mlir = lower_graph(spec, floats, ints)
+            mlir = lower_graph_elsewhere(spec, floats, ints)
             key = cache_key(mlir, *target)
 
             def compile_executable():
@@ -284,6 +293,7 @@ def _run_one(r, rec, args, kwargs, outs, device, allow_compile) -> None:
         plan, sig = found
         eager.launch(plan, sig, device, outs)
         stats.op_tier_ops["compiled"] += 1
+        op_stats.compiled[r.info.name] += 1
         return
     stats.op_tier_ops["host"] += 1
     queue = device_queue(device.index)
@@ -298,6 +308,22 @@ def _run_one(r, rec, args, kwargs, outs, device, allow_compile) -> None:
         raise NeuronAsyncError(f"neuron: {r.what} (issued at {rec.source()}) failed: {e}") from e
     for j, path in r.outputs:
         _C.host_alias(outs[j]).copy_(_get(result, path))
+
+
+def wait_for_builds(timeout: float | None = None) -> bool:
+    """Wait until every fused graph met so far is built (or failed); False on timeout."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for fused in list(_fused.values()):
+        future = fused.future
+        if future is None:
+            continue
+        try:
+            future.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            return False
+        except Exception:  # noqa: BLE001 - a failed build marks its graph bad
+            pass
+    return True
 
 
 def graph_count() -> int:

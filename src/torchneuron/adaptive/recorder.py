@@ -21,6 +21,7 @@ import torch
 
 from .. import _C, config
 from ..dispatch.cached_launch import MISS, _key, _params_of, assemble
+from ..dispatch.stats import dispatched
 from ..lowering import NotCompilable, signature_of
 from ..lowering.call import FRef, IRef, Seq, TRef
 from ..lowering.graph import _paths_to_outputs, call_results, describe
@@ -122,7 +123,10 @@ def record(op, args, kwargs):
     recipe = _recipes.get(key)
     if recipe is None or type(recipe) is _NotRecordable:
         return MISS
-    return _append(recipe, tensors, floats, ints)
+    result = _append(recipe, tensors, floats, ints)
+    if result is not MISS:
+        dispatched[recipe.info.name] += 1
+    return result
 
 
 _params_of_known: dict = {}  # op -> params, once the op has a recipe

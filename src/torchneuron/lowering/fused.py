@@ -184,3 +184,18 @@ def lower_graph(spec: GraphSpec, floats: list, ints: list) -> str:
     """MLIR for a recorded graph; `floats`/`ints`: one occurrence's runtime
     scalars (examples for tracing; they are inputs of the executable)."""
     return export_to_mlir(_GraphModule(spec), examples_of(spec, floats, ints))
+
+
+def with_ops_named(spec: GraphSpec) -> GraphSpec:
+    """The spec with each op as its name (OpOverloads do not pickle)."""
+    return spec._replace(ops=tuple(op._replace(op=str(op.op)) for op in spec.ops))
+
+
+def with_ops_resolved(spec: GraphSpec) -> GraphSpec:
+    return spec._replace(ops=tuple(op._replace(op=_resolve(op.op)) if isinstance(op.op, str) else op
+                                   for op in spec.ops))
+
+
+def _resolve(name: str):
+    namespace, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload)
