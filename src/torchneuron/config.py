@@ -61,7 +61,7 @@ class Settings:
     # the background while the ops run one by one).
     eager_mode: str = field(default_factory=lambda: _env_choice("TORCHNEURON_EAGER_MODE", "op", EAGER_MODES))
     # Adaptive eager: ops in a graph before it is cut regardless.
-    adaptive_max_ops: int = field(default_factory=lambda: _env_int("TORCHNEURON_ADAPTIVE_MAX_OPS", 64))
+    adaptive_max_ops: int = field(default_factory=lambda: _env_int("TORCHNEURON_ADAPTIVE_MAX_OPS", 32))
     # Wait for every compile instead of running what is not compiled yet on
     # the op path or the host (for debugging and comparisons).
     compile_wait: bool = field(default_factory=lambda: _env_int("TORCHNEURON_COMPILE_WAIT", 0) != 0)

@@ -30,12 +30,12 @@ from .. import _C, config
 from ..cache import cache_key, executable_cache, layers
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
-from ..compiler import target_flags
+from ..compiler import CompileError, target_flags
 from ..dispatch import eager, host_fallback
 from ..dispatch import stats as op_stats
 from ..lowering import NotCompilable
 from ..lowering.call import numbers_as_tensors, rebuild
-from ..lowering.fused import GraphOp, GraphSpec, SlotSpec, ViewRef
+from ..lowering.fused import GraphOp, GraphSpec, SlotSpec, ViewRef, segment_of
 from ..lowering.worker import lower_graph_elsewhere
 from ..lowering.graph import _get
 from ..runtime import LoadedExecutable, device_queue
@@ -46,16 +46,28 @@ _use_count = torch._C._storage_Use_Count
 _READY, _BUILDING, _BAD = "ready", "building", "bad"
 
 
+class Unit:
+    """One fused executable over ops[start:end] of a graph (the whole graph,
+    or a segment of one that did not compile whole); executable None: those
+    ops run one by one through the op path."""
+
+    __slots__ = ("start", "end", "executable", "externals", "live", "floats", "ints", "what", "largest")
+
+    def __init__(self, start, end, executable, externals, live, floats, ints, what, largest):
+        self.start, self.end, self.executable = start, end, executable
+        self.externals, self.live, self.floats, self.ints = externals, live, floats, ints
+        self.what, self.largest = what, largest
+
+
 class FusedGraph:
-    __slots__ = ("state", "executable", "reason", "future", "what", "largest", "n_ops")
+    __slots__ = ("state", "units", "reason", "future", "what", "n_ops")
 
     def __init__(self, n_ops):
         self.state = _BUILDING
-        self.executable = None
+        self.units = []  # ready: Units covering ops[0:n_ops] in order
         self.reason = ""
         self.future = None
         self.what = ""
-        self.largest = 0
         self.n_ops = n_ops
 
 
@@ -115,9 +127,19 @@ def cut(graph, reason: str) -> None:
             pass
         stats.add("compile_seconds_exposed", time.perf_counter() - started)
     if fused.state is _READY:
-        _launch_fused(graph, fused, live)
+        for unit in fused.units:
+            if unit.executable is not None:
+                _launch_unit(graph, unit)
+            else:
+                _replay(graph, unit.start, unit.end, allow_compile=True)
+        stats.launches["fused" if len(fused.units) == 1 else "segmented"] += 1
+        dead = sum(graph.numels[i] * graph.dtypes[i].itemsize for i, ext in enumerate(graph.external)
+                   if not ext and i not in live)
+        if dead:
+            stats.add("bytes_not_written", dead)
     else:
-        _replay(graph, allow_compile=fused.state is _BAD)
+        _replay(graph, 0, n, allow_compile=fused.state is _BAD)
+        stats.launches["op"] += 1
 
 
 # -- the fused executable -----------------------------------------------------
@@ -141,41 +163,40 @@ class _FusedWhat:
         return f"{what} (in a fused graph: {self.text})", source
 
 
-def _launch_fused(graph, fused, live) -> None:
+def _launch_unit(graph, unit) -> None:
     index = graph.index
     queue = device_queue(index)
-    lane = queue.lane_for(fused.largest)
+    lane = queue.lane_for(unit.largest)
     imp = lane.import_at
     addresses, dtypes, numels = graph.addresses, graph.dtypes, graph.numels
-    bound = [imp(addresses[i], (numels[i],), dtypes[i]) for i, ext in enumerate(graph.external) if ext]
+    bound = [imp(addresses[i], (numels[i],), dtypes[i]) for i in unit.externals]
     keepalive = [graph.storages]
-    if graph.floats:
-        packed = torch.tensor(graph.floats, dtype=torch.float64)
+    floats = graph.floats[unit.floats[0]:unit.floats[1]]
+    if floats:
+        packed = torch.tensor(floats, dtype=torch.float64)
         keepalive.append(packed)
-        bound.append(lane.import_memory(packed, 0, (len(graph.floats),), torch.float64))
-    if graph.ints:
-        packed = torch.tensor(graph.ints, dtype=torch.int64)
+        bound.append(lane.import_memory(packed, 0, (len(floats),), torch.float64))
+    ints = graph.ints[unit.ints[0]:unit.ints[1]]
+    if ints:
+        packed = torch.tensor(ints, dtype=torch.int64)
         keepalive.append(packed)
-        bound.append(lane.import_memory(packed, 0, (len(graph.ints),), torch.int64))
-    for i in live:
+        bound.append(lane.import_memory(packed, 0, (len(ints),), torch.int64))
+    for i in unit.live:
         bound.append(imp(addresses[i], (numels[i],), dtypes[i]))
-    checked = [op for op in graph.ops if op.recipe.checked]
+    ops = graph.ops[unit.start:unit.end]
+    checked = [op for op in ops if op.recipe.checked]
     flag = None
-    what = fused.what
+    what = unit.what
     if checked:
-        flag = new_flags = _C.empty((len(checked),), torch.bool, index)
-        keepalive.append(new_flags)
-        bound.append(lane.import_memory(new_flags, 0, (len(checked),), torch.bool))
-        what = _FusedWhat(fused.what, [(op.recipe.what, op.source()) for op in checked])
-    queue.launch(fused.executable, bound, keepalive, what, flag, lane)
-    stats.launches["fused"] += 1
-    stats.add("ops_fused", len(graph.ops))
+        flag = _C.empty((len(checked),), torch.bool, index)
+        keepalive.append(flag)
+        bound.append(lane.import_memory(flag, 0, (len(checked),), torch.bool))
+        what = _FusedWhat(unit.what, [(op.recipe.what, op.source()) for op in checked])
+    queue.launch(unit.executable, bound, keepalive, what, flag, lane)
+    stats.add("ops_fused", len(ops))
     compiled = op_stats.compiled
-    for op in graph.ops:
+    for op in ops:
         compiled[op.recipe.info.name] += 1
-    dead = sum(numels[i] * dtypes[i].itemsize for i, ext in enumerate(graph.external) if not ext and i not in live)
-    if dead:
-        stats.add("bytes_not_written", dead)
 
 
 def spec_of(graph, live) -> GraphSpec:
@@ -196,69 +217,168 @@ def spec_of(graph, live) -> GraphSpec:
     return GraphSpec(slots, tuple(ops), live, nf, ni)
 
 
-def _describe(graph) -> str:
-    names = [op.recipe.info.name.replace("aten.", "") for op in graph.ops]
+def _describe(ops) -> str:
+    names = [op.recipe.info.name.replace("aten.", "") for op in ops]
     shown = ", ".join(names[:6]) + (f", ... ({len(names)} ops)" if len(names) > 6 else "")
-    first = graph.ops[0].source()
-    return f"fused graph [{shown}] from {first}"
+    return f"fused graph [{shown}] from {ops[0].source()}"
 
 
 def _submit_build(fused, graph, live) -> None:
     spec = spec_of(graph, live)
     floats, ints = list(graph.floats), list(graph.ints)
-    fused.what = _describe(graph)
-    sizes = [n for n, e in zip(graph.numels, graph.external) if e] + [graph.numels[i] for i in live]
-    fused.largest = max(sizes, default=0)
+    fused.what = _describe(graph.ops)
     stable = (tuple((op.recipe.key, op.refs) for op in graph.ops), tuple(graph.identity), live)
-    future: Future = _build_pool().submit(_build, fused, spec, floats, ints, stable)
-    fused.future = future
+    fused.future = _build_pool().submit(_build, fused, spec, floats, ints, stable, graph.ops)
 
 
-def _build(fused, spec, floats, ints, stable) -> None:
+def _build(fused, spec, floats, ints, stable, ops) -> None:
+    """Build a graph's fused executable; when it does not build, build halves
+    of it (recursively), so a graph with one op that cannot fuse still runs
+    fused around it. The outcome is remembered on disk for other processes."""
     started = time.perf_counter()
     target = target_flags()
     disk = disk_cache()
     pid = plan_id(stable, *target) if disk is not None else None
     try:
         record = disk.get_plan(pid) if pid is not None else None
-        if record is not None and record.get("kind") == "bad-graph":
-            raise NotCompilable(str(record.get("reason", "marked bad by another process")))
-        key = record.get("executable") if record is not None and record.get("kind") == "graph" else None
-        executable = executable_cache().get(key) if key else None
-        if executable is None and key:
-            vmfb = disk.get_executable(key)
-            if vmfb is not None:
-                executable, _ = executable_cache().put(key, LoadedExecutable(vmfb, key, fused.what), len(vmfb))
-                layers.stats.add("disk")
-        if executable is None:
-            mlir = lower_graph_elsewhere(spec, floats, ints)
-            key = cache_key(mlir, *target)
-
-            def compile_executable():
-                vmfb, seconds, source = layers.fetch_or_compile(key, mlir, fused.what, target)
-                return LoadedExecutable(vmfb, key, fused.what), len(vmfb), seconds, source
-
-            executable = executable_cache().get_or_compile(key, compile_executable, lambda fn: fn()).result()
-            if pid is not None:
-                disk.put_plan(pid, {"kind": "graph", "executable": key})
-        fused.executable = executable
+        units = _units_from_record(record, spec, ops, disk) if record is not None else None
+        if units is None:
+            units = []
+            _build_range(spec, floats, ints, ops, 0, len(spec.ops), target, units, fused, top=True)
+            if pid is not None and not any("Error code: -" in r for r in fused.reason.split("\n")):
+                disk.put_plan(pid, {"kind": "graph", "units": [[u.start, u.end, u.executable.key if u.executable
+                                                                 else None] for u in units]})
+        fused.units = units
+        if len(units) == 1 and units[0].executable is not None:
+            stats.add("graphs_compiled", 1)
+        elif all(u.executable is None for u in units):
+            stats.add("graphs_failed", 1)
+        else:
+            stats.add("graphs_segmented", 1)
         fused.state = _READY
-        stats.add("graphs_compiled", 1)
     except Exception as e:  # noqa: BLE001 - any failure: the ops run one by one
         fused.reason = f"{type(e).__name__}: {str(e)[:500]}"
         fused.state = _BAD
         stats.add("graphs_failed", 1)
-        if pid is not None and "Error code: -" not in fused.reason:  # a crashed compiler says nothing
-            disk.put_plan(pid, {"kind": "bad-graph", "reason": fused.reason})
     finally:
         stats.add("compile_seconds_hidden", time.perf_counter() - started)
 
 
+_MIN_SEGMENT = 2  # below this, ops run one by one
+
+
+def _build_range(spec, floats, ints, ops, start, end, target, units, fused, top=False) -> None:
+    segment = segment_of(spec, start, end)
+    try:
+        executable = _compile_segment(segment, floats, ints, _describe(ops[start:end]), target)
+    except NotCompilable as e:
+        if top:
+            fused.reason = str(e)[:500]
+            _probe_ops(spec, floats, ints)
+        if end - start < 2 * _MIN_SEGMENT:
+            units.append(_unit(start, end, None, segment, ops))
+            return
+        middle = (start + end) // 2
+        _build_range(spec, floats, ints, ops, start, middle, target, units, fused)
+        _build_range(spec, floats, ints, ops, middle, end, target, units, fused)
+        return
+    units.append(_unit(start, end, executable, segment, ops))
+
+
+def _unit(start, end, executable, segment, ops) -> Unit:
+    sizes = [segment.spec.slots[i].numel for i in segment.spec.external()] + [
+        segment.spec.slots[i].numel for i in segment.spec.live
+    ]
+    return Unit(start, end, executable, segment.externals, segment.live, segment.floats, segment.ints,
+                _describe(ops[start:end]), max(sizes, default=0))
+
+
+def _compile_segment(segment, floats, ints, what, target):
+    mlir = lower_graph_elsewhere(segment.spec, floats[segment.floats[0]:segment.floats[1]],
+                                 ints[segment.ints[0]:segment.ints[1]])
+    key = cache_key(mlir, *target)
+
+    def compile_executable():
+        vmfb, seconds, source = layers.fetch_or_compile(key, mlir, what, target)
+        return LoadedExecutable(vmfb, key, what), len(vmfb), seconds, source
+
+    try:
+        return executable_cache().get_or_compile(key, compile_executable, lambda fn: fn()).result()
+    except CompileError as e:
+        raise NotCompilable(str(e)) from None
+
+
+def _units_from_record(record, spec, ops, disk):
+    """The units a stored outcome describes; None when it cannot be used."""
+    try:
+        if record.get("kind") != "graph":
+            return None
+        units = []
+        for start, end, key in record["units"]:
+            segment = segment_of(spec, start, end)
+            executable = None
+            if key is not None:
+                executable = executable_cache().get(key)
+                if executable is None:
+                    vmfb = disk.get_executable(key)
+                    if vmfb is None:
+                        return None
+                    executable, _ = executable_cache().put(key, LoadedExecutable(vmfb, key, "fused graph"),
+                                                           len(vmfb))
+                    layers.stats.add("disk")
+            units.append(_unit(start, end, executable, segment, ops))
+        return units
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _probe_ops(spec, floats, ints) -> None:
+    """After a graph failed to lower: lower each kind of op in it alone, so
+    the next recordings leave out what cannot fuse. An op that fails with
+    runtime scalars is retried with them as constants (its scalars are baked
+    from then on); one that fails either way is no longer recorded."""
+    seen = set()
+    for gop in spec.ops:
+        name = str(gop.op)
+        if name in seen or recorder.is_baked(gop.op):
+            continue
+        seen.add(name)
+        alone, op_floats, op_ints = _alone(gop, spec, floats, ints)
+        try:
+            lower_graph_elsewhere(alone, op_floats, op_ints)
+            continue
+        except NotCompilable:
+            pass
+        if gop.n_floats or gop.n_ints:
+            recorder.bake(gop.op)
+        else:
+            recorder.refuse(gop.op, "fails to lower inside a fused graph")
+
+
+def _alone(gop, spec, floats, ints):
+    """A graph of one op, each tensor argument its own input."""
+    slots = []
+    views = []
+    for ref in gop.views:
+        extent = 1 + sum((n - 1) * s for n, s in zip(ref.shape, ref.stride)) if all(ref.shape) else 1
+        slots.append(SlotSpec(spec.slots[ref.slot].dtype, extent, True))
+        views.append(ViewRef(len(slots) - 1, 0, ref.shape, ref.stride))
+    outputs = []
+    for path, slot in gop.outputs:
+        slots.append(SlotSpec(spec.slots[slot].dtype, spec.slots[slot].numel, False))
+        outputs.append((path, len(slots) - 1))
+    op_floats = floats[gop.floats:gop.floats + gop.n_floats]
+    op_ints = ints[gop.ints:gop.ints + gop.n_ints]
+    alone = GraphOp(gop.op, gop.args, gop.kwargs, tuple(views), gop.mutated, tuple(outputs), 0, gop.n_floats, 0,
+                    gop.n_ints, gop.checked)
+    live = tuple(slot for _, slot in outputs)
+    return GraphSpec(tuple(slots), (alone,), live, gop.n_floats, gop.n_ints), op_floats, op_ints
+
+
 # -- one op at a time -----------------------------------------------------------
 
-def _replay(graph, allow_compile: bool) -> None:
-    """Run a graph's ops one by one, into the tensors recording handed out."""
-    stats.launches["op"] += 1
+def _replay(graph, start: int, end: int, allow_compile: bool) -> None:
+    """Run ops[start:end] of a graph one by one, into the tensors recording handed out."""
     device = torch.device("neuron", graph.index)
     bases: dict = {}
 
@@ -268,7 +388,7 @@ def _replay(graph, allow_compile: bool) -> None:
             b = bases[slot] = torch.empty(0, dtype=graph.dtypes[slot], device=device).set_(graph.storages[slot])
         return b
 
-    for rec in graph.ops:
+    for rec in graph.ops[start:end]:
         r = rec.recipe
         refs = rec.refs
         tensors = [

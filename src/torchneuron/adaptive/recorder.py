@@ -20,10 +20,10 @@ import threading
 import torch
 
 from .. import _C, config
-from ..dispatch.cached_launch import MISS, _key, _params_of, assemble
+from ..dispatch.cached_launch import MISS, _key, assemble
 from ..dispatch.stats import dispatched
 from ..lowering import NotCompilable, signature_of
-from ..lowering.call import FRef, IRef, Seq, TRef
+from ..lowering.call import FRef, IRef, Seq, TRef, graph_param_arg_names
 from ..lowering.graph import _paths_to_outputs, call_results, describe
 from ..lowering import index_checks
 from ..runtime.errors import user_location
@@ -161,6 +161,43 @@ def flush(index, reason: str) -> None:
         cut_hook(graph, reason)
 
 
+def _params_of(op, info):
+    """Which numbers are runtime inputs, by position and by name (as
+    cached_launch's key wants them), for ops inside fused graphs."""
+    params = _params_of_known.get(op)
+    if params is None:
+        names = frozenset() if op in _baked else graph_param_arg_names(op)
+        params = (tuple(n in names for n in info.arg_names), names)
+    return params
+
+
+_baked: set = set()  # ops whose scalars are constants in fused graphs (found by probing)
+_refused: dict = {}  # op -> why it is not recorded (found by probing)
+
+
+def is_baked(op) -> bool:
+    return op in _baked
+
+
+def _forget(op) -> None:
+    with _lock:
+        _params_of_known.pop(op, None)
+        for key in [k for k in _recipes if k[0] is op]:
+            del _recipes[key]
+
+
+def bake(op) -> None:
+    """From now on, this op's scalars are constants of the graphs it is in."""
+    _baked.add(op)
+    _forget(op)
+
+
+def refuse(op, reason: str) -> None:
+    """From now on, this op is not recorded (it runs on the op path)."""
+    _refused[op] = reason
+    _forget(op)
+
+
 def _recipe_for(op, info, args, kwargs):
     params = _params_of(op, info)
     found = _key(op, args, kwargs, params)
@@ -170,7 +207,7 @@ def _recipe_for(op, info, args, kwargs):
     recipe = _recipes.get(key)
     if recipe is not None:
         return recipe
-    recipe = _build_recipe(op, info, args, kwargs, key, tensors, floats, ints)
+    recipe = _build_recipe(op, info, args, kwargs, params, key, tensors, floats, ints)
     with _lock:
         if len(_recipes) >= _MAX_RECIPES:
             del _recipes[next(iter(_recipes))]
@@ -180,11 +217,13 @@ def _recipe_for(op, info, args, kwargs):
     return recipe
 
 
-def _build_recipe(op, info, args, kwargs, key, tensors, floats, ints):
+def _build_recipe(op, info, args, kwargs, params, key, tensors, floats, ints):
+    if op in _refused:
+        return _NotRecordable(_refused[op])
     if info.seeded or info.metadata_only or not info.host_kernel:
         return _NotRecordable("not an op the host path can replay")
     try:
-        sig = signature_of(op, info, args, kwargs)
+        sig = signature_of(op, info, args, kwargs, params[1])
         if len(sig.tensors) != len(tensors) or any(a is not b for a, b in zip(tensors, sig.tensors)):
             return _NotRecordable("the cheap key takes the call apart differently")
         if sig.floats != floats or sig.ints != ints:
@@ -280,3 +319,48 @@ def reset() -> None:
 
 
 __all__ = ["FRef", "IRef", "MISS", "Seq", "TRef", "flush", "record", "record_slow"]
+
+
+# -- random ops ------------------------------------------------------------------
+# A random op draws from the device's generator, which PyTorch's CPU kernels
+# use (so seeded runs match CPU). Its random draw depends only on shapes, so
+# it is made on the host at once, into fresh device memory, and the graph
+# records only what uses it: dropout keeps its graph, and each iteration
+# meets the same graph with new random values as an input.
+
+_NATIVE_DROPOUT = torch.ops.aten.native_dropout.default
+_COPY = torch.ops.aten.copy_.default
+_MUL = torch.ops.aten.mul.Tensor
+_MUL_ = torch.ops.aten.mul_.Tensor
+
+
+def record_random(op, info, args, kwargs, device):
+    """Results of a random op with its draw made now, or MISS."""
+    from ..dispatch import host_fallback
+
+    if op is _NATIVE_DROPOUT:
+        bound = op._schema.arguments
+        values = dict(zip((a.name for a in bound), args), **kwargs)
+        x, p, train = values["input"], values["p"], values.get("train")
+        if not (train is None or train) or not 0 < p < 1 or not x.dtype.is_floating_point or x.numel() == 0:
+            return MISS
+        # CPU's kernel: mask ~ bernoulli(1 - p) over a contiguous tensor of
+        # the input's shape; output = input * mask * (1 / (1 - p)).
+        _, mask = host_fallback._run_seeded(op, (torch.zeros(x.shape, dtype=x.dtype), p, train), {}, device)
+        mask = _C.device_copy_of(mask, device.index)
+        out = _MUL(x, mask)
+        _MUL_(out, 1.0 / (1.0 - p))
+        return out, mask
+    target = args[0] if args else None
+    if (
+        info.mutated_args[:1] != ("self",)
+        or not isinstance(target, torch.Tensor)
+        or not target.is_contiguous()
+        or any(isinstance(a, torch.Tensor) for a in list(args[1:]) + list(kwargs.values()))
+    ):
+        return MISS
+    # An in-place fill (uniform_, normal_, bernoulli_ with a float p...): it reads nothing.
+    draw = torch.empty(target.shape, dtype=target.dtype)
+    host_fallback._run_seeded(op, (draw,) + tuple(args[1:]), dict(kwargs), device)
+    _COPY(target, _C.device_copy_of(draw, device.index))
+    return target

@@ -122,6 +122,10 @@ def dispatch(op, *args, **kwargs):
         result = parity(*args, **kwargs)
         if result is not NotImplemented:
             return result
+    if recording is not None and info.seeded and recorder is None and config.settings.execution == "compile":
+        result = recording.record_random(op, info, args, kwargs, device)
+        if result is not cached_launch.MISS:
+            return result
     if config.settings.execution == "compile" and not info.seeded:
         rewrite = _REWRITES.get(info.name)
         if rewrite is not None:

@@ -84,6 +84,21 @@ def _param_arg_names(op) -> frozenset:
     return frozenset(names)
 
 
+def graph_param_arg_names(op) -> frozenset:
+    """Runtime inputs of an op inside a fused graph: Scalar arguments (and
+    lists of them) and numbers in Tensor slots. `float` arguments (eps,
+    momentum, dropout scales) stay constants: op schemas that say `float`
+    refuse a traced value, and they rarely change between iterations."""
+    names = _graph_names_cache.get(op)
+    if names is None:
+        names = _graph_names_cache[op] = frozenset(
+            a.name for a in op._schema.arguments
+            if "number" in str(a.type) or str(a.type) in ("Tensor", "Optional[Tensor]")
+        )
+    return names
+
+
+_graph_names_cache: dict = {}
 _param_names_cache: dict = {}
 # Ops whose scalars must be constants: their decompositions need the values,
 # or (pow) the lowering of a runtime exponent is not exact.
@@ -113,11 +128,15 @@ def param_arg_names(op) -> frozenset:
     return params
 
 
-def signature_of(op, info, args, kwargs) -> CallSignature:
-    params = _param_names_cache.get(op)
+def signature_of(op, info, args, kwargs, params=None) -> CallSignature:
+    """`params`: the arguments whose numbers are runtime inputs (default: as
+    for one op's executable, see param_arg_names and baked_ops)."""
+    bake = False
     if params is None:
-        params = param_arg_names(op)
-    bake = info.name in baked_ops
+        params = _param_names_cache.get(op)
+        if params is None:
+            params = param_arg_names(op)
+        bake = info.name in baked_ops
     tensors: list = []
     floats: list = []
     ints: list = []

@@ -199,3 +199,49 @@ def with_ops_resolved(spec: GraphSpec) -> GraphSpec:
 def _resolve(name: str):
     namespace, op, overload = name.split(".")
     return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+
+
+class Segment(NamedTuple):
+    """ops[start:end] of a graph as a graph of its own, and where its inputs
+    and results are in the whole graph's slots."""
+
+    spec: GraphSpec
+    externals: tuple  # whole-graph slot of each of its inputs, in order
+    live: tuple  # whole-graph slot of each result it writes out, in order
+    floats: tuple  # (start, end) in the whole graph's packed floats
+    ints: tuple
+
+
+def segment_of(spec: GraphSpec, start: int, end: int) -> Segment:
+    """A graph's ops[start:end] alone: slots made earlier are inputs; slots it
+    makes are written out when they are live at the end or read later."""
+    ops = spec.ops[start:end]
+    made = [slot for op in ops for _, slot in op.outputs]
+    made_set = set(made)
+    used: list = []
+    for op in ops:
+        for ref in op.views:
+            if ref.slot not in made_set and ref.slot not in used:
+                used.append(ref.slot)
+    read_later = {ref.slot for op in spec.ops[end:] for ref in op.views}
+    live = tuple(s for s in made if s in spec.live or s in read_later)
+    order = used + made
+    renumber = {old: new for new, old in enumerate(order)}
+    slots = tuple(
+        SlotSpec(spec.slots[old].dtype, spec.slots[old].numel, old not in made_set) for old in order
+    )
+    f0 = ops[0].floats if ops else 0
+    i0 = ops[0].ints if ops else 0
+    new_ops = tuple(
+        op._replace(
+            views=tuple(ref._replace(slot=renumber[ref.slot]) for ref in op.views),
+            outputs=tuple((path, renumber[slot]) for path, slot in op.outputs),
+            floats=op.floats - f0,
+            ints=op.ints - i0,
+        )
+        for op in ops
+    )
+    n_floats = sum(op.n_floats for op in ops)
+    n_ints = sum(op.n_ints for op in ops)
+    sub = GraphSpec(slots, new_ops, tuple(renumber[s] for s in live), n_floats, n_ints)
+    return Segment(sub, tuple(used), live, (f0, f0 + n_floats), (i0, i0 + n_ints))
