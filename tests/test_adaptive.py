@@ -1,0 +1,237 @@
+"""Adaptive eager mode: ops recorded into graphs, fused executables built in
+the background, op-by-op execution meanwhile (issue: adaptive eager mode)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchneuron
+from torchneuron.adaptive import executor, recorder
+from torchneuron.lowering import NotCompilable
+from torchneuron.runtime import NeuronAsyncError
+
+
+@pytest.fixture
+def adaptive():
+    with torchneuron.eager_mode("adaptive"):
+        yield
+    torchneuron.reset_stats()
+
+
+def _fused_ops() -> int:
+    return torchneuron.adaptive_stats()["ops_fused"]
+
+
+def _step(x, w, b):
+    """A small block with views, in-place ops, a reduction and an intermediate
+    the program drops."""
+    h = torch.nn.functional.linear(x, w, b)
+    h = torch.nn.functional.gelu(h)
+    h[:, :2].mul_(0.5)
+    t = h.t().contiguous()
+    t.add_(1.0)
+    return (t.sum(0) * 2).softmax(0), h
+
+
+def test_switch_context_manager_and_setting():
+    assert torchneuron.get_eager_mode() in ("op", "adaptive")
+    with torchneuron.eager_mode("adaptive"):
+        assert torchneuron.get_eager_mode() == "adaptive"
+        assert torchneuron.config.settings.eager_mode == "adaptive"
+        with torchneuron.eager_mode("op"):
+            assert torchneuron.get_eager_mode() == "op"
+        assert torchneuron.get_eager_mode() == "adaptive"
+    with pytest.raises(ValueError, match="eager_mode"):
+        torchneuron.set_eager_mode("fast")
+    out = subprocess.run(
+        [sys.executable, "-c", "import torchneuron; print(torchneuron.get_eager_mode())"],
+        env=dict(os.environ, TORCHNEURON_EAGER_MODE="adaptive"), capture_output=True, text=True, check=True,
+    )
+    assert out.stdout.strip() == "adaptive"
+
+
+def test_results_and_arguments_match_cpu_in_every_tier(adaptive):
+    torch.manual_seed(0)
+    x, w, b = torch.randn(4, 6), torch.randn(5, 6), torch.randn(5)
+    args = [t.to("neuron") for t in (x, w, b)]
+    expected = _step(x, w, b)
+    before = [t.cpu() for t in args]
+    fused_before = _fused_ops()
+    for _ in range(2):  # op by op (host or per-op executables) while the graphs compile
+        first = _step(*args)
+        for got, want in zip(first, expected):
+            torch.testing.assert_close(got.cpu(), want)
+        del first
+    assert torchneuron.wait_for_compiles(timeout=600)
+    again = _step(*args)  # the fused executable
+    for got, want in zip(again, expected):
+        torch.testing.assert_close(got.cpu(), want)
+    assert _fused_ops() > fused_before
+    for arg, saved in zip(args, before):  # arguments are untouched
+        assert torch.equal(arg.cpu(), saved)
+
+
+def test_results_are_ordinary_tensors_before_the_cut(adaptive):
+    x = torch.arange(12.0).reshape(3, 4).to("neuron")
+    y = x * 2  # recorded, not run
+    assert y.device.type == "neuron" and y.shape == (3, 4) and y.data_ptr() != 0
+    v = y[1:]  # a view of a pending result
+    assert v.data_ptr() == y.data_ptr() + 4 * y.element_size()
+    v.add_(100)  # in place through the view: lands in y's storage
+    assert y._version == v._version
+    torch.testing.assert_close(y.cpu(), torch.cat([torch.arange(4.0) * 2, torch.arange(4.0, 12) * 2 + 100]).reshape(3, 4))
+
+
+def test_dead_intermediates_are_not_written(adaptive):
+    x = torch.randn(64, 64).to("neuron")
+    for _ in range(2):
+        out = ((x * 2).exp() + 1).sum()  # two 64x64 intermediates die before the read
+        value = out.item()
+        torchneuron.wait_for_compiles(timeout=600)
+    before = torchneuron.adaptive_stats()["bytes_not_written"]
+    out = ((x * 2).exp() + 1).sum()
+    assert out.item() == pytest.approx(value, rel=1e-5)
+    assert torchneuron.adaptive_stats()["bytes_not_written"] - before >= 2 * 64 * 64 * 4
+
+
+def test_graphs_are_the_same_from_one_iteration_to_the_next(adaptive):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8).to("neuron")
+
+    def step(lr):
+        for group in opt.param_groups:
+            group["lr"] = lr  # a value that changes: a runtime input, not a new graph
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    step(0.1)
+    step(0.09)
+    torchneuron.wait_for_compiles(timeout=600)
+    known = executor.graph_count()
+    fused = _fused_ops()
+    for i in range(3):
+        step(0.08 - 0.01 * i)
+    assert executor.graph_count() == known  # no new graphs
+    assert _fused_ops() > fused
+
+
+def test_training_matches_op_mode_and_cpu(adaptive):
+    from torchneuron.models import GPTConfig, train_gpt
+
+    cfg = GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=16)
+    cpu = train_gpt("cpu", 4, cfg=cfg)
+    neuron = train_gpt("neuron", 4, cfg=cfg)  # dropout included: masks come from the same generator
+    torch.testing.assert_close(torch.tensor(neuron), torch.tensor(cpu), rtol=1e-4, atol=1e-4)
+
+
+def test_host_read_in_the_middle_of_a_loop(adaptive):
+    x = torch.zeros(8).to("neuron")
+    seen = []
+    for i in range(5):
+        x = x + 1
+        if i == 2:
+            seen.append(x[3].item())  # cuts the graph here
+        x = x * 1
+    assert seen == [3.0]
+    assert torch.equal(x.cpu(), torch.full((8,), 5.0))
+    assert torchneuron.adaptive_stats()["cut_reasons"].get("sync", 0) >= 2
+
+
+def test_out_of_range_index_in_a_fused_graph_names_the_line(adaptive):
+    table = torch.randn(10, 4).to("neuron")
+
+    def lookup(ids):
+        return (torch.nn.functional.embedding(ids, table) * 2).sum(1)
+
+    good = torch.tensor([1, 2]).to("neuron")
+    lookup(good).cpu()
+    torchneuron.wait_for_compiles(timeout=600)
+    lookup(good).cpu()  # now fused
+    bad = torch.tensor([1, 12]).to("neuron")
+    result = lookup(bad)  # the line the error must name is inside lookup
+    with pytest.raises(NeuronAsyncError, match=r"embedding.*test_adaptive.py:\d+.*out of range"):
+        torch.neuron.synchronize()
+    del result
+
+
+def test_graph_that_fails_to_compile_gives_the_same_results(adaptive, monkeypatch):
+    def refuse(spec, floats, ints):
+        raise NotCompilable("forced by the test")
+
+    monkeypatch.setattr(executor, "lower_graph_elsewhere", refuse)
+    x = torch.randn(6, 5)
+    xn = x.to("neuron")
+    expected = (x.exp() * 3 - 1).tanh().sum(0)
+    for _ in range(3):
+        got = (xn.exp() * 3 - 1).tanh().sum(0)
+        torchneuron.wait_for_compiles(timeout=600)
+        torch.testing.assert_close(got.cpu(), expected)
+    bad = [g for g in executor._fused.values() if "forced by the test" in g.reason]
+    assert bad and all(all(u.executable is None for u in g.units) for g in bad)
+
+
+def test_compile_wait_runs_fused_from_the_first_occurrence(adaptive):
+    torchneuron.config.set(compile_wait=True)
+    x = torch.randn(7, 3).to("neuron")
+    fused = _fused_ops()
+    y = (x.sin() * x.cos() + 0.25).abs().sum().item()
+    assert _fused_ops() > fused
+    assert y == pytest.approx((x.cpu().sin() * x.cpu().cos() + 0.25).abs().sum().item(), rel=1e-5)
+
+
+def test_random_ops_keep_their_graph_and_match_cpu(adaptive):
+    x = torch.randn(32, 16)
+    torch.manual_seed(3)
+    cpu = torch.nn.functional.dropout(x * 2, p=0.25, training=True) + torch.rand(32, 16)
+    torch.manual_seed(3)
+    before = torchneuron.fallback_ops().get("aten.native_dropout.default", 0)
+    got = torch.nn.functional.dropout(x.to("neuron") * 2, p=0.25, training=True) + torch.rand(32, 16, device="neuron")
+    torch.testing.assert_close(got.cpu(), cpu)
+    assert torchneuron.fallback_ops().get("aten.native_dropout.default", 0) == before
+
+
+def test_a_restarted_process_compiles_nothing(tmp_path):
+    script = (
+        "import torch, torchneuron\n"
+        "torchneuron.set_eager_mode('adaptive')\n"
+        "x = torch.arange(20.0).to('neuron')\n"
+        "for _ in range(2):\n"
+        "    y = ((x * 3).sin() + x).sum().item()\n"
+        "    torchneuron.wait_for_compiles(timeout=600)\n"
+        "s = torchneuron.adaptive_stats()\n"
+        "print(torchneuron.compile_stats()['compiles'], s['graphs_compiled'], s['ops_fused'] > 0)\n"
+    )
+    env = dict(os.environ, TORCHNEURON_CACHE_DIR=str(tmp_path / "cache"))
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    compiles, graphs, fused = first.stdout.split()
+    assert int(compiles) >= 1 and int(graphs) >= 1 and fused == "True"
+    compiles, graphs, fused = second.stdout.split()
+    assert int(compiles) == 0 and int(graphs) >= 1 and fused == "True"
+
+
+def test_recording_is_cut_by_ops_it_cannot_record(adaptive):
+    x = torch.tensor([0.0, 2.0, 0.0, 3.0]).to("neuron")
+    y = x * 2
+    idx = torch.nonzero(y)  # a data-dependent shape: runs after everything recorded before it
+    assert idx.cpu().flatten().tolist() == [1, 3]
+    reasons = torchneuron.adaptive_stats()["cut_reasons"]
+    assert any(r.startswith("unrecordable: aten.nonzero") for r in reasons)
+
+
+def test_size_cap_cuts_long_chains(adaptive):
+    torchneuron.config.set(adaptive_max_ops=8)
+    x = torch.zeros(4).to("neuron")
+    for _ in range(20):
+        x = x + 1
+    assert torch.equal(x.cpu(), torch.full((4,), 20.0))
+    assert torchneuron.adaptive_stats()["cut_reasons"].get("size", 0) >= 2
+    assert recorder.pending_graph(0) is None
