@@ -27,12 +27,21 @@ $(STAMP): pyproject.toml setup.py $(wildcard csrc/*)
 demo: setup
 	$(PY) -m torchneuron.demo
 
+# The whole suite in op mode (tests of adaptive eager set their mode), then
+# the core device, view, autograd, training and conformance tests again in
+# adaptive eager mode.
+ADAPTIVE_TESTS := tests/test_views.py tests/test_copies.py tests/test_dispatch.py tests/test_errors.py \
+	tests/test_autograd_training.py tests/test_index_bounds.py tests/test_memory_ownership.py \
+	tests/test_device_module.py tests/test_memory.py tests/test_dtypes.py tests/test_conformance.py
+
 test: setup
 	$(PY) -m pytest tests
+	TORCHNEURON_EAGER_MODE=adaptive $(PY) -m pytest $(ADAPTIVE_TESTS)
 
 bench: setup
 	$(PY) bench/op_latency.py --write docs/benchmarks.md
 	$(PY) bench/train_step.py --write docs/benchmarks.md
+	$(PY) bench/adaptive.py --write docs/benchmarks.md
 
 clean:
 	rm -rf build src/*.egg-info src/torchneuron/*.so

@@ -12,7 +12,8 @@ def test_ops_are_recorded_by_name(execution):
     a = torch.randn(3, 3, device="neuron")
     if torchneuron.get_eager_mode() == "adaptive":
         # The first occurrence of a graph runs op by op while it compiles.
-        (a @ a).relu().sum().item()
+        b = (a @ a).relu()
+        b.sum().item()
         torchneuron.wait_for_compiles()
     torchneuron.reset_stats()
     b = (a @ a).relu()

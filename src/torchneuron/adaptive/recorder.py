@@ -36,7 +36,7 @@ class Recipe:
     """How to record one kind of call (one cheap key)."""
 
     __slots__ = ("id", "key", "op", "info", "args", "kwargs", "views", "mutated", "out_specs", "returns",
-                 "outputs", "checked", "what", "index", "n_floats", "n_ints")
+                 "outputs", "checked", "what", "index", "n_floats", "n_ints", "out_slots")
 
     def __init__(self, **fields):
         for name, value in fields.items():
@@ -252,6 +252,7 @@ def _build_recipe(op, info, args, kwargs, params, key, tensors, floats, ints):
         mutated=sig.mutated, out_specs=tuple(out_specs), returns=returns,
         outputs=tuple(_paths_to_outputs(returns)), checked=index_checks.has_checks(op),
         what=describe(info, sig), index=device.index, n_floats=len(floats), n_ints=len(ints),
+        out_slots=tuple((shape, dtype, _numel(shape)) for shape, dtype in out_specs),
     )
 
 
@@ -294,10 +295,20 @@ def _append(recipe, tensors, floats, ints):
         refs.append(t.storage_offset())
     outs = []
     out_slots = []
-    for shape, dtype in recipe.out_specs:
+    storages, addresses, dtypes, numels, external = (
+        graph.storages, graph.addresses, graph.dtypes, graph.numels, graph.external)
+    for shape, dtype, numel in recipe.out_slots:
         out = new_output(shape, dtype, index)
         storage = out.untyped_storage()
-        out_slots.append(graph.add_slot(storage, storage.data_ptr(), dtype, _numel(shape), False))
+        address = storage.data_ptr()
+        slot = len(storages)
+        slot_of[address] = slot
+        storages.append(storage)
+        addresses.append(address)
+        dtypes.append(dtype)
+        numels.append(numel)
+        external.append(False)
+        out_slots.append(slot)
         outs.append(out)
     refs = tuple(refs)
     graph.ops.append(OpRecord(recipe, refs, floats, ints, out_slots, user_location()))
