@@ -59,12 +59,14 @@ def elementwise_chain(x):
     return torch.relu(y)
 
 
-def _warm(fn, modes):
-    """Run fn in each neuron mode until adaptive's graphs are all compiled."""
+def _warm(fn, modes, inner):
+    """Run fn in each neuron mode as it will be timed (`inner` calls, then a
+    sync) until adaptive's graphs are all compiled."""
     for mode in modes:
         torchneuron.set_eager_mode(mode)
         for _ in range(3):
-            fn(mode)
+            for _ in range(inner):
+                fn(mode)
             torch.neuron.synchronize()
             torchneuron.wait_for_compiles()
 
@@ -75,7 +77,8 @@ def steady_ops(repeats: int) -> dict:
     for mode in MODES:
         small[mode] = small["cpu"].to("neuron")
         big[mode] = big["cpu"].to("neuron")
-    _warm(lambda m: (tiny_chain(small[m]), elementwise_chain(big[m])), MODES)
+    _warm(lambda m: tiny_chain(small[m]), MODES, 1)
+    _warm(lambda m: elementwise_chain(big[m]), MODES, 3)
     tiny = time_interleaved({m: (lambda m=m: tiny_chain(small[m])) for m in ("cpu",) + MODES},
                             repeats=repeats, inner=1, setup={m: _set(m) for m in MODES})
     chain = time_interleaved({m: (lambda m=m: elementwise_chain(big[m])) for m in ("cpu",) + MODES},

@@ -80,6 +80,38 @@ class PendingGraph:
         self.identity: list = []  # what makes two graphs the same graph
         self.floats: list = []
         self.ints: list = []
+        self.loop_start = 0  # where the graph's first ops seem to begin again (0: nowhere)
+
+    def add_op(self, record) -> None:
+        self.ops.append(record)
+        self.identity.append((record.recipe.id, record.refs))
+        if record.floats:
+            self.floats.extend(record.floats)
+        if record.ints:
+            self.ints.extend(record.ints)
+
+    def split(self, at: int):
+        """(ops[:at], ops[at:]) as two graphs of their own."""
+        return self._regraph(self.ops[:at]), self._regraph(self.ops[at:])
+
+    def _regraph(self, records):
+        graph = PendingGraph(self.index)
+        new_slot = {}
+
+        def slot(old, external):
+            s = new_slot.get(old)
+            if s is None:
+                s = new_slot[old] = graph.add_slot(self.storages[old], self.addresses[old], self.dtypes[old],
+                                                   self.numels[old], external)
+            return s
+
+        for rec in records:
+            refs = list(rec.refs)
+            for k in range(0, len(refs), 2):
+                refs[k] = slot(refs[k], True)
+            outs = [slot(old, False) for old in rec.out_slots]
+            graph.add_op(OpRecord(rec.recipe, tuple(refs), rec.floats, rec.ints, outs, rec.location))
+        return graph
 
     def add_slot(self, storage, address, dtype, numel, external) -> int:
         slot = len(self.storages)
@@ -311,16 +343,31 @@ def _append(recipe, tensors, floats, ints):
         out_slots.append(slot)
         outs.append(out)
     refs = tuple(refs)
-    graph.ops.append(OpRecord(recipe, refs, floats, ints, out_slots, user_location()))
-    graph.identity.append((recipe.id, refs))
-    if floats:
-        graph.floats.extend(floats)
-    if ints:
-        graph.ints.extend(ints)
-    if len(graph.ops) >= config.settings.adaptive_max_ops:
+    graph.add_op(OpRecord(recipe, refs, floats, ints, out_slots, user_location()))
+    ops = graph.ops
+    n = len(ops)
+    if graph.loop_start:
+        if ops[n - 1 - graph.loop_start].recipe is not recipe:
+            graph.loop_start = 0  # not a repeat after all
+        elif n - graph.loop_start >= _LOOP_CONFIRM:
+            # The ops since loop_start repeat the graph's first ones: a loop's
+            # next iteration. Cutting there gives every iteration the same
+            # graphs, where the size cap alone would cut elsewhere each time.
+            head, tail = graph.split(graph.loop_start)
+            _pending[index] = tail
+            cut_hook(head, "loop")
+            return assemble(recipe.returns, tensors, outs)
+    if n >= config.settings.adaptive_max_ops:
         _pending.pop(index, None)
         cut_hook(graph, "size")
+    elif not graph.loop_start and n > _LOOP_MIN_OPS and ops[0].recipe is recipe and ops[1].recipe is not recipe:
+        # (a run of one op, x = x + x ..., is a chain, not a loop body: the cap cuts it)
+        graph.loop_start = n - 1
     return assemble(recipe.returns, tensors, outs)
+
+
+_LOOP_MIN_OPS = 4  # a loop body shorter than this is not cut out (x = x + x: the size cap cuts it)
+_LOOP_CONFIRM = 4  # ops that must repeat the graph's first ones before it is cut there
 
 
 def reset() -> None:
