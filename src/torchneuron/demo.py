@@ -19,7 +19,11 @@ def main(argv=None) -> int:
     parser.add_argument("--width", type=int, default=GPTConfig.n_embd, help="embedding width")
     parser.add_argument("--layers", type=int, default=GPTConfig.n_layer)
     parser.add_argument("--context", type=int, default=GPTConfig.block_size)
+    parser.add_argument("--eager-mode", choices=("op", "adaptive"),
+                        help="op-by-op or adaptive eager (default: the TORCHNEURON_EAGER_MODE setting)")
     args = parser.parse_args(argv)
+    if args.eager_mode:
+        torchneuron.set_eager_mode(args.eager_mode)
 
     cfg = GPTConfig(n_embd=args.width, n_layer=args.layers, block_size=args.context)
     print(f"torchneuron {torchneuron.__version__} | torch {torch.__version__} | "
@@ -54,7 +58,7 @@ def main(argv=None) -> int:
     print()
     print("=" * 64)
     print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps "
-          f"(execution: {torchneuron.config.settings.execution})")
+          f"(execution: {torchneuron.config.settings.execution}, eager mode: {torchneuron.get_eager_mode()})")
     print(f"model and optimizer set-up {setup[0] * 1000:.1f} ms")
     print(f"first step {times[0] * 1000:.1f} ms, steady-state step (median) {steady * 1000:.1f} ms "
           f"(first/steady {times[0] / steady:.2f}x)")
@@ -72,6 +76,17 @@ def main(argv=None) -> int:
         print("executables reused       : " + ", ".join(f"{v} from {k}" for k, v in loaded.items()))
     print(f"memory: {torch.neuron.memory_allocated() / 2**20:.1f} MiB allocated, "
           f"peak {torch.neuron.max_memory_allocated() / 2**20:.1f} MiB")
+    if torchneuron.get_eager_mode() == "adaptive":
+        a = torchneuron.adaptive_stats()
+        print(f"adaptive graphs          : {a['graphs_cut']} cut ({a['ops_per_graph']} ops each; "
+              + ", ".join(f"{k} {v}" for k, v in sorted(a["cut_reasons"].items(), key=lambda kv: -kv[1])[:4] if v)
+              + ")")
+        print(f"adaptive launches        : {a['ops_fused']} of {a['ops_recorded']} ops fused; graphs run "
+              + ", ".join(f"{k} {v}" for k, v in a["launches"].items())
+              + f"; {a['graphs_compiled']} built whole, {a['graphs_segmented']} in segments")
+        print(f"adaptive compile seconds : {a['compile_seconds_hidden']:.1f} s in the background, "
+              f"{a['compile_seconds_exposed']:.1f} s waited; "
+              f"{a['bytes_not_written'] / 2**20:.1f} MiB of dead results not written")
     top = sorted(fallback.items(), key=lambda kv: -kv[1])[:8]
     print("top host-fallback ops   : " + ", ".join(f"{k} x{v}" for k, v in top))
     print("=" * 64)

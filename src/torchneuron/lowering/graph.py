@@ -50,13 +50,11 @@ def _quiet_torch_logs():
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
     try:
-        if threading.current_thread() is threading.main_thread():
-            # Some failures also print the graph being traced. Redirecting is
-            # process-wide, so a background lowering (adaptive eager) leaves
-            # the program's output alone.
-            with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-                yield
-        else:
+        # Some failures also print the graph being traced. (Redirecting is
+        # process-wide; lowering in the background happens in the worker
+        # process, lowering.worker, so only a program thread that is waiting
+        # for this lowering anyway lowers here.)
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
             yield
     finally:
         for lg, level in zip(loggers, levels):
