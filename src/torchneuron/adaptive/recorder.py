@@ -138,11 +138,6 @@ def pending_graph(index: int):
     return _pending.get(index)
 
 
-def take(index: int):
-    """Detach and return a device's pending graph (None if empty)."""
-    return _pending.pop(index, None)
-
-
 def record(op, args, kwargs):
     """The hot path: results of a call whose recipe is known, or MISS."""
     params = _params_of_known.get(op)
