@@ -235,3 +235,20 @@ def test_size_cap_cuts_long_chains(adaptive):
     assert torch.equal(x.cpu(), torch.full((4,), 20.0))
     assert torchneuron.adaptive_stats()["cut_reasons"].get("size", 0) >= 2
     assert recorder.pending_graph(0) is None
+
+
+def test_a_dead_lowering_worker_is_replaced(adaptive):
+    from torchneuron.lowering import worker
+
+    x = torch.randn(9).to("neuron")
+    (x.sin() + 1).sum().item()
+    assert torchneuron.wait_for_compiles(timeout=600)
+    if worker._worker is not None:  # kill the worker the first graph started
+        worker._worker.process.kill()
+        worker._worker.process.wait()
+    fused = _fused_ops()
+    for _ in range(3):  # a new graph: built by a new worker
+        got = (x.cos() * 3).amax().item()
+        torchneuron.wait_for_compiles(timeout=600)
+    assert got == pytest.approx((x.cpu().cos() * 3).amax().item(), rel=1e-6)
+    assert _fused_ops() > fused
