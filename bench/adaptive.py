@@ -60,14 +60,19 @@ def elementwise_chain(x):
 
 
 def _warm(fn, modes, inner):
-    """Run fn in each neuron mode as it will be timed (`inner` calls, then a
-    sync) until adaptive's graphs are all compiled."""
+    """Run fn in each neuron mode exactly as it will be timed (`inner` calls,
+    each result held until the next call returns, then a sync) until
+    adaptive's graphs are all compiled. Which results are still alive when a
+    graph is cut is part of its identity, so a warm-up that drops results the
+    timed loop holds would compile a different graph."""
     for mode in modes:
         torchneuron.set_eager_mode(mode)
         for _ in range(3):
+            out = None
             for _ in range(inner):
-                fn(mode)
+                out = fn(mode)
             torch.neuron.synchronize()
+            del out
             torchneuron.wait_for_compiles()
 
 
