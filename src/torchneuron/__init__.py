@@ -54,10 +54,14 @@ from .device.module import (  # noqa: E402,F401
 )
 from .dispatch.entry import FallbackError  # noqa: E402
 from .dispatch import stats as _stats  # noqa: E402
+from .dynamo import stats as _dynamo_stats  # noqa: E402
 
 _register()
 
 from .adaptive import eager_mode, get_eager_mode, set_eager_mode, wait_for_compiles  # noqa: E402,F401
+from .dynamo import GraphCompileError, register as _register_dynamo  # noqa: E402,F401
+
+_register_dynamo()
 
 
 def supported_dtypes() -> tuple:
@@ -107,6 +111,7 @@ def compile_stats() -> dict:
         "launch_keys": cached_launch.count(),
         "cached_launches": cached_launch.hits,
         "not_compiled": dict(_stats.fallback_reasons),
+        "dynamo": _dynamo_stats.snapshot(),
     }
 
 
@@ -126,3 +131,4 @@ def reset_stats() -> None:
 
     _stats.reset()
     stats.reset()
+    _dynamo_stats.reset()

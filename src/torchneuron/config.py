@@ -65,6 +65,9 @@ class Settings:
     # Wait for every compile instead of running what is not compiled yet on
     # the op path or the host (for debugging and comparisons).
     compile_wait: bool = field(default_factory=lambda: _env_int("TORCHNEURON_COMPILE_WAIT", 0) != 0)
+    # torch.compile(backend="neuron"): a graph that fails to lower or compile
+    # raises instead of running in neuron eager mode with a warning.
+    compile_strict: bool = field(default_factory=lambda: _env_int("TORCHNEURON_COMPILE_STRICT", 0) != 0)
     # Make every launch synchronous, so errors surface at the op that caused them.
     launch_blocking: bool = field(default_factory=lambda: _env_int("TORCHNEURON_LAUNCH_BLOCKING", 0) != 0)
     # Guarded memory: guard bytes around every device allocation, poisoned

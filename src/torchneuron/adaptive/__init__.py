@@ -57,8 +57,8 @@ def wait_for_compiles(timeout: float | None = None) -> bool:
     return executor.wait_for_builds(timeout)
 
 
-def _before_sync(index) -> None:
-    recorder.flush(index, "sync")
+def _before_sync(index, reason) -> None:
+    recorder.flush(index, reason)
 
 
 queue.before_sync.append(_before_sync)

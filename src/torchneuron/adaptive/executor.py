@@ -22,15 +22,15 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from .. import _C, config
-from ..cache import cache_key, executable_cache, layers
+from ..cache import executable_cache, layers
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
-from ..compiler import CompileError, target_flags
+from ..compiler import target_flags
 from ..dispatch import eager, host_fallback
 from ..dispatch import stats as op_stats
 from ..lowering import NotCompilable
@@ -296,16 +296,7 @@ def _unit(start, end, executable, segment, ops) -> Unit:
 def _compile_segment(segment, floats, ints, what, target):
     mlir = lower_graph_elsewhere(segment.spec, floats[segment.floats[0]:segment.floats[1]],
                                  ints[segment.ints[0]:segment.ints[1]])
-    key = cache_key(mlir, *target)
-
-    def compile_executable():
-        vmfb, seconds, source = layers.fetch_or_compile(key, mlir, what, target)
-        return LoadedExecutable(vmfb, key, what), len(vmfb), seconds, source
-
-    try:
-        return executable_cache().get_or_compile(key, compile_executable, lambda fn: fn()).result()
-    except CompileError as e:
-        raise NotCompilable(str(e)) from None
+    return eager.executable_for(mlir, what, target, show_progress=False)
 
 
 def _units_from_record(record, spec, ops, disk):

@@ -125,9 +125,17 @@ class ExecutableCache:
             }
 
     def clear(self) -> None:
+        """Forget every entry; each value's `release()` (if it has one) drops
+        what it loaded, so values still referenced elsewhere (a compiled
+        torch.compile graph) hold no runtime objects past shutdown."""
         with self._lock:
+            values = [value for value, _ in self._entries.values()]
             self._entries.clear()
             self.bytes = 0
+        for value in values:
+            release = getattr(value, "release", None)
+            if release is not None:
+                release()
 
 
 _cache = None

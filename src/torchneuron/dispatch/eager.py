@@ -8,6 +8,7 @@ or the arguments it wrote to.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections import OrderedDict
@@ -89,19 +90,32 @@ def _compile_plan(op, info, sig, target, promote_scalars):
         raise
     if lowered.mlir is None:
         return Plan(None, lowered.out_specs, None, lowered.returns, lowered.what)
-    key = cache_key(lowered.mlir, *target)
+    executable = executable_for(lowered.mlir, lowered.what, target, compile_pool().submit)
+    return Plan(executable, lowered.out_specs, lowered.flag, lowered.returns, lowered.what)
+
+
+def executable_for(mlir: str, what: str, target: tuple, submit=None, show_progress: bool = True):
+    """The loaded executable of an MLIR module, through every cache layer
+    (memory, disk, remote, compile service) and compiled only when none has
+    it; every execution mode compiles through here. `submit` runs the compile
+    (a pool's submit; None: in this thread). Raises NotCompilable."""
+    key = cache_key(mlir, *target)
 
     def compile_executable():
-        with progress.compiling():
-            vmfb, seconds, source = layers.fetch_or_compile(key, lowered.mlir, lowered.what, target)
-        return LoadedExecutable(vmfb, key, lowered.what), len(vmfb), seconds, source
+        with progress.compiling() if show_progress else _no_progress():
+            vmfb, seconds, source = layers.fetch_or_compile(key, mlir, what, target)
+        return LoadedExecutable(vmfb, key, what), len(vmfb), seconds, source
 
-    future = executable_cache().get_or_compile(key, compile_executable, compile_pool().submit)
+    future = executable_cache().get_or_compile(key, compile_executable, submit or (lambda fn: fn()))
     try:
-        executable = future.result()
+        return future.result()
     except CompileError as e:
         raise NotCompilable(str(e)) from None
-    return Plan(executable, lowered.out_specs, lowered.flag, lowered.returns, lowered.what)
+
+
+@contextlib.contextmanager
+def _no_progress():
+    yield
 
 
 class _Retry(Exception):

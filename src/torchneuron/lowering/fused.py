@@ -20,6 +20,7 @@ from . import index_checks
 from .call import numbers_as_tensors, rebuild
 from .decompositions import direct_decompositions
 from .graph import _get, export_to_mlir
+from .isolation import outside_program_modes
 
 _CPU = torch.device("cpu")
 
@@ -183,7 +184,8 @@ def examples_of(spec: GraphSpec, floats: list, ints: list) -> list:
 def lower_graph(spec: GraphSpec, floats: list, ints: list) -> str:
     """MLIR for a recorded graph; `floats`/`ints`: one occurrence's runtime
     scalars (examples for tracing; they are inputs of the executable)."""
-    return export_to_mlir(_GraphModule(spec), examples_of(spec, floats, ints))
+    with outside_program_modes():
+        return export_to_mlir(_GraphModule(spec), examples_of(spec, floats, ints))
 
 
 def with_ops_named(spec: GraphSpec) -> GraphSpec:

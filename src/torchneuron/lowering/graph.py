@@ -21,6 +21,7 @@ import torch
 
 from . import index_checks
 from .call import CallSignature, NotCompilable, numbers_as_tensors, rebuild
+from .isolation import outside_program_modes
 
 
 class NeedsResize(NotCompilable):
@@ -136,6 +137,11 @@ def call_results(op, info, sig: CallSignature):
     """(out_specs, returns) of a call, from meta kernels: the (shape, dtype)
     of each new result, and the structure of its return (see
     _returns_template). Raises NeedsResize or NotCompilable."""
+    with outside_program_modes():
+        return _call_results(op, info, sig)
+
+
+def _call_results(op, info, sig: CallSignature):
     metas = [_meta(s) for s in sig.specs]
     before = [tuple(m.shape) for m in metas]
     try:
@@ -156,6 +162,11 @@ def call_results(op, info, sig: CallSignature):
 
 
 def lower_call(op, info, sig: CallSignature, promote_scalars: bool = False) -> LoweredCall:
+    with outside_program_modes():
+        return _lower_call(op, info, sig, promote_scalars)
+
+
+def _lower_call(op, info, sig: CallSignature, promote_scalars: bool) -> LoweredCall:
     what = describe(info, sig)
     out_specs, returns = call_results(op, info, sig)
     outputs = _paths_to_outputs(returns)
@@ -293,16 +304,17 @@ def _export_to_mlir(op, sig: CallSignature, out_specs, outputs, flag, promote_sc
     return export_to_mlir(_CallModule(op, sig, outputs, flag, promote_scalars), examples)
 
 
-def export_to_mlir(module: torch.nn.Module, examples: list) -> str:
+def export_to_mlir(module: torch.nn.Module, examples: list, dynamic_shapes=None) -> str:
     """A module whose forward writes its results into its inputs -> torch MLIR
-    (input mutations become writes into the caller's buffers)."""
+    (input mutations become writes into the caller's buffers).
+    `dynamic_shapes`: torch.export's, for dimensions that stay dynamic."""
     from iree.compiler.extras.fx_importer import FxImporter
 
-    with _export_lock:
+    with _export_lock, outside_program_modes():
         try:
             with warnings.catch_warnings(), _quiet_torch_logs():
                 warnings.simplefilter("ignore")
-                program = torch.export.export(module, tuple(examples), strict=False)
+                program = torch.export.export(module, tuple(examples), dynamic_shapes=dynamic_shapes, strict=False)
                 program = program.run_decompositions(decomposition_table())
         except Exception as e:  # noqa: BLE001 - export raises many kinds; all mean "not this way"
             raise NotCompilable(f"export failed: {type(e).__name__}: {str(e)[:300]}") from None
@@ -311,4 +323,9 @@ def export_to_mlir(module: torch.nn.Module, examples: list) -> str:
             importer.import_program(program, func_name="main")
         except Exception as e:  # noqa: BLE001
             raise NotCompilable(f"import failed: {type(e).__name__}: {str(e)[:300]}") from None
-        return importer.module.operation.get_asm(enable_debug_info=False)
+        mlir = importer.module.operation.get_asm(enable_debug_info=False)
+    if "torch.overwrite.tensor.contents" not in mlir:
+        # Every module lowered here writes its results into its inputs; a
+        # trace that recorded no write traced something else (never cache it).
+        raise NotCompilable("export recorded no writes of the results")
+    return mlir

@@ -15,6 +15,11 @@ class LoadedExecutable:
         self._contexts: dict = {}  # lane -> (context, async entry function)
         self._lock = threading.Lock()
 
+    def release(self) -> None:
+        """Drop the loaded contexts (at shutdown); the next entry() reloads."""
+        with self._lock:
+            self._contexts.clear()
+
     def entry(self, lane):
         """(context, function) on a queue lane (runtime.queue.Lane), loaded once."""
         loaded = self._contexts.get(lane)

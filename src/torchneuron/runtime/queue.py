@@ -23,9 +23,16 @@ from .errors import NeuronAsyncError, user_source_line
 
 _instance = None
 _queues: dict = {}
-# Called with a device index before the host waits for that device: work
+# Called with (device index, reason) before the host waits for that device or
+# before work that bypasses recording is queued (a torch.compile graph): work
 # recorded but not yet queued (adaptive eager) is queued first.
 before_sync: list = []
+
+
+def queue_recorded(index, reason: str) -> None:
+    """Queue work recorded for device `index` (None: every device) but not yet queued."""
+    for hook in before_sync:
+        hook(index, reason)
 
 
 def _numel(shape) -> int:
@@ -316,16 +323,14 @@ def device_queue(index: int) -> DeviceQueue:
 
 
 def synchronize(index: int) -> None:
-    for hook in before_sync:
-        hook(index)
+    queue_recorded(index, "sync")
     queue = _queues.get(index)
     if queue is not None:
         queue.synchronize()
 
 
 def synchronize_all() -> None:
-    for hook in before_sync:
-        hook(None)
+    queue_recorded(None, "sync")
     for queue in list(_queues.values()):
         queue.synchronize()
 

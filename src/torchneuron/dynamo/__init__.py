@@ -1,0 +1,21 @@
+"""torch.compile(backend="neuron"): whole forward and backward graphs on the
+same lowering, compiler, cache layers and runtime as eager mode.
+
+Registered with TorchDynamo through the `torch_dynamo_backends` entry point
+(so `torch._dynamo.list_backends()` lists it without importing torchneuron)
+and again when torchneuron is imported.
+"""
+
+from __future__ import annotations
+
+from .backend import GraphCompileError, neuron
+
+
+def register() -> None:
+    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+
+    if "neuron" not in _COMPILER_FNS:
+        register_backend(name="neuron")(neuron)
+
+
+__all__ = ["GraphCompileError", "neuron", "register"]

@@ -1,0 +1,384 @@
+"""One AOTAutograd graph (forward or backward, functional ATen) as one
+executable: the same lowering (torch.export to torch MLIR), compiler, cache
+layers and runtime queue as eager mode.
+
+The executable's inputs are the graph's tensor inputs, then its random
+inputs (values of its random ops, drawn on the host from the neuron
+generator, as eager mode draws them), then one destination per new result:
+results are written into buffers allocated by the caller, and in-place
+updates of inputs (BatchNorm's running statistics, kept in the graph by
+AOTAutograd) land in the caller's buffers.
+
+Dynamic dimensions (mark_dynamic, dynamic=True, automatic dynamic) stay
+dynamic in the MLIR: one executable serves every size; result shapes are
+evaluated from the graph's symbolic shapes with the sizes of each call.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import sympy
+import torch
+import torch.fx
+
+from ..dispatch import eager
+from ..dispatch.cached_launch import new_output
+from ..dispatch.host_fallback import _run_seeded
+from ..lowering import NotCompilable
+from ..lowering.graph import export_to_mlir
+from ..lowering.isolation import outside_program_modes
+from ..runtime import device_queue
+from ..runtime.queue import queue_recorded
+
+_NEURON = "neuron"
+_CPU = torch.device("cpu")
+
+# Random ops whose tensor arguments give only shape and dtype: their values
+# are drawn on the host and passed in (IREE has no generator of PyTorch's).
+_RANDOM_LIKE = {
+    torch.ops.aten.rand_like.default: torch.rand,
+    torch.ops.aten.randn_like.default: torch.randn,
+}
+_RANDOM_NEW = {torch.ops.aten.rand.default, torch.ops.aten.randn.default}
+
+
+@dataclass
+class _Random:
+    """A random op of the graph; its values are an input of the executable."""
+
+    draw: object  # torch.rand / torch.randn
+    shape: tuple  # may hold sympy expressions of the graph's sizes
+    dtype: torch.dtype
+
+
+class GraphProgram:
+    """The parts of one FX graph the runtime needs, decided once at compile time."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs, kind: str):
+        self.kind = kind
+        self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.tensor_inputs = []  # positions of tensor inputs
+        self.symbols = {}  # sympy symbol -> (input position, dim) or ("int", position)
+        for pos, (node, example) in enumerate(zip(self.placeholders, example_inputs)):
+            if isinstance(example, torch.Tensor):
+                self.tensor_inputs.append(pos)
+                for d, size in enumerate(example.shape):
+                    if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                        self.symbols.setdefault(size.node.expr, ("dim", pos, d))
+            elif isinstance(example, torch.SymInt):
+                if isinstance(example.node.expr, sympy.Symbol):
+                    self.symbols.setdefault(example.node.expr, ("int", pos, None))
+            elif not isinstance(example, (int, float, bool, type(None))):
+                raise NotCompilable(f"graph input of type {type(example).__name__}")
+        self.dynamic = bool(self.symbols)
+        self.gm = _on_cpu(gm)
+        self.randoms = _take_randoms(self.gm)
+        self._outputs(gm)
+        self.what = _describe(gm, kind)
+        self.source_lines = _source_lines(gm)
+
+    def _outputs(self, gm) -> None:
+        """How each graph output is produced: ("input", position), ("new",
+        destination index), ("same", output index), ("value", constant) or
+        ("sym", sympy expression)."""
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        values = output.args[0]
+        self.single = not isinstance(values, (tuple, list))
+        values = [values] if self.single else list(values)
+        placeholder_pos = {n: i for i, n in enumerate(self.placeholders)}
+        seen: dict = {}
+        self.outputs = []
+        self.new = []  # (output index, shape, dtype, device) per destination
+        for i, value in enumerate(values):
+            if not isinstance(value, torch.fx.Node):
+                self.outputs.append(("value", value))
+            elif value in placeholder_pos:
+                self.outputs.append(("input", placeholder_pos[value]))
+            elif value in seen:
+                self.outputs.append(("same", seen[value]))
+            else:
+                seen[value] = i
+                meta = value.meta.get("val")
+                if isinstance(meta, torch.Tensor):
+                    shape = tuple(_expr(s) for s in meta.shape)
+                    self.outputs.append(("new", len(self.new)))
+                    self.new.append((i, shape, meta.dtype, meta.device))
+                elif isinstance(meta, torch.SymInt):
+                    self.outputs.append(("sym", _expr(meta)))
+                elif isinstance(meta, (int, float, bool)):
+                    self.outputs.append(("value", meta))
+                else:
+                    raise NotCompilable(f"graph output {value.name} is a {type(meta).__name__}")
+
+    # -- compile ----------------------------------------------------------
+
+    def lower(self, example_inputs) -> str | None:
+        """Torch MLIR of the graph; None when it computes nothing."""
+        with outside_program_modes():
+            return self._lower(example_inputs)
+
+    def _lower(self, example_inputs) -> str | None:
+        if not self.new and not _mutates_inputs(self.gm):
+            return None
+        module = _ProgramModule(self.gm, self.placeholders, self.tensor_inputs, len(self.randoms),
+                                [i for i, *_ in self.new], self.outputs)
+        examples = [_example(example_inputs[p]) for p in self.tensor_inputs]
+        sizes = self.sizes_of(example_inputs)
+        examples += [torch.zeros(_evaluate(r.shape, sizes), dtype=r.dtype) for r in self.randoms]
+        examples += [torch.zeros(_evaluate(shape, sizes), dtype=dtype) for _, shape, dtype, _ in self.new]
+        dynamic_shapes = self._dynamic_shapes(examples) if self.dynamic else None
+        return export_to_mlir(module, examples, dynamic_shapes=dynamic_shapes)
+
+    def _dynamic_shapes(self, examples) -> tuple:
+        """torch.export's Dims for every input dimension that is a size symbol."""
+        dims = {}
+        for symbol in self.symbols:
+            dims[symbol] = torch.export.Dim(str(symbol).replace("-", "_"), min=0)
+        spec = []
+        shapes = [self._input_shape(p) for p in self.tensor_inputs]
+        shapes += [r.shape for r in self.randoms] + [shape for _, shape, *_ in self.new]
+        for shape, example in zip(shapes, examples):
+            spec.append({d: dims[s] for d, s in enumerate(shape) if isinstance(s, sympy.Symbol) and s in dims}
+                        or None)
+        return tuple(spec)
+
+    def _input_shape(self, pos) -> tuple:
+        meta = self.placeholders[pos].meta.get("val")
+        return tuple(_expr(s) for s in meta.shape) if isinstance(meta, torch.Tensor) else ()
+
+    def sizes_of(self, inputs) -> dict:
+        """symbol -> its value in this call."""
+        sizes = {}
+        for symbol, (kind, pos, d) in self.symbols.items():
+            value = inputs[pos]
+            sizes[symbol] = int(value.shape[d]) if kind == "dim" else int(value)
+        return sizes
+
+
+def _expr(size):
+    if isinstance(size, torch.SymInt):
+        expr = size.node.expr
+        return int(expr) if expr.is_number else expr
+    return int(size)
+
+
+def _evaluate(shape, sizes) -> tuple:
+    return tuple(s if isinstance(s, int) else int(s.subs(sizes)) for s in shape)
+
+
+def _example(value):
+    if isinstance(value, torch.Tensor):
+        shape = [int(s) for s in value.shape]
+        return torch.zeros(shape, dtype=value.dtype)
+    return value
+
+
+def _on_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of the graph whose factory ops build CPU tensors: the graph is
+    traced on CPU example tensors for export (devices are the caller's)."""
+    gm = copy.deepcopy(gm)
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        device = node.kwargs.get("device")
+        if isinstance(device, torch.device) and device.type != "cpu":
+            node.kwargs = {**node.kwargs, "device": _CPU}
+        if node.target is torch.ops.aten._to_copy.default and "device" in node.kwargs:
+            node.kwargs = {k: v for k, v in node.kwargs.items() if k != "device"}
+    gm.recompile()
+    return gm
+
+
+def _take_randoms(gm: torch.fx.GraphModule) -> list:
+    """Replace the graph's random ops by inputs (placed after its tensor
+    inputs); refuse random ops that read values (none reach here after
+    AOTAutograd's decompositions, which turn dropout into rand_like)."""
+    randoms = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    last = placeholders[-1] if placeholders else None
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        draw = _RANDOM_LIKE.get(node.target)
+        if draw is None and node.target in _RANDOM_NEW:
+            draw = torch.rand if node.target is torch.ops.aten.rand.default else torch.randn
+        if draw is None:
+            if torch.Tag.nondeterministic_seeded in node.target.tags:
+                raise NotCompilable(f"random op {node.target} in the graph")
+            continue
+        meta = node.meta["val"]
+        with gm.graph.inserting_after(last) if last is not None else gm.graph.inserting_before(None):
+            value = gm.graph.placeholder(f"random_{len(randoms)}")
+        value.meta["val"] = meta
+        last = value
+        node.replace_all_uses_with(value)
+        gm.graph.erase_node(node)
+        randoms.append(_Random(draw, tuple(_expr(s) for s in meta.shape), meta.dtype))
+    gm.recompile()
+    return randoms
+
+
+def _mutates_inputs(gm) -> bool:
+    placeholders = {n for n in gm.graph.nodes if n.op == "placeholder"}
+    return any(
+        n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0] in placeholders
+        for n in gm.graph.nodes
+    )
+
+
+class _ProgramModule(torch.nn.Module):
+    """forward(tensor inputs..., random values..., destinations...): runs the
+    graph and copies each new result into its destination."""
+
+    def __init__(self, gm, placeholders, tensor_inputs, n_random, new_outputs, outputs):
+        super().__init__()
+        self.gm = gm
+        self.n_placeholders = len(placeholders)
+        self.tensor_inputs = tensor_inputs
+        self.n_random = n_random
+        self.new_outputs = new_outputs
+        self.static = [value if kind == "value" else None for kind, value in outputs]
+
+    def forward(self, *inputs):
+        n = len(self.tensor_inputs)
+        args = [None] * self.n_placeholders
+        for pos, x in zip(self.tensor_inputs, inputs[:n]):
+            # A reshape round trip: IREE cannot write a destination straight
+            # from an argument or a view of one (see lowering.graph); views
+            # keep in-place updates of inputs landing in the inputs.
+            args[pos] = x.unsqueeze(0).squeeze(0) if x.numel() else x
+        randoms = inputs[n:n + self.n_random]
+        destinations = inputs[n + self.n_random:]
+        results = self.gm(*args, *randoms)
+        if not isinstance(results, (tuple, list)):
+            results = (results,)
+        for i, destination in zip(self.new_outputs, destinations):
+            destination.copy_(results[i])
+        return ()
+
+
+def _describe(gm, kind) -> str:
+    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
+    return f"torch.compile {kind} graph ({len(ops)} ops)"
+
+
+def _source_lines(gm) -> list:
+    """The user's source lines the graph's ops came from, in order, once each."""
+    lines = []
+    for node in gm.graph.nodes:
+        trace = node.meta.get("stack_trace")
+        if not trace:
+            continue
+        frames = [ln.strip() for ln in trace.strip().splitlines() if ln.strip().startswith("File ")]
+        if frames:
+            line = frames[-1]
+            if line not in lines:
+                lines.append(line)
+    return lines
+
+
+class CompiledGraph:
+    """Runs a GraphProgram's executable on the device queue (boxed calling
+    convention: one list of inputs)."""
+
+    def __init__(self, program: GraphProgram, executable):
+        # An instance attribute: wrappers (functools.wraps) copy __dict__.
+        self._boxed_call = True
+        self.program = program
+        self.executable = executable
+        self.largest = None
+
+    def __call__(self, inputs):
+        program = self.program
+        inputs = list(inputs)
+        tensors = [inputs[p] for p in program.tensor_inputs]
+        index = _device_index(tensors, program)
+        sizes = program.sizes_of(inputs) if program.dynamic else {}
+        results: list = [None] * len(program.outputs)
+        new = []
+        if self.executable is not None:
+            queue_recorded(index, "compiled graph")
+            new = self._launch(tensors, index, sizes)
+        for i, (kind, value) in enumerate(program.outputs):
+            if kind == "input":
+                results[i] = inputs[value]
+            elif kind == "new":
+                results[i] = new[value] if new else _empty_result(program.new[value], sizes, index)
+            elif kind == "same":
+                results[i] = results[value]
+            elif kind == "sym":
+                results[i] = int(value.subs(sizes))
+            else:
+                results[i] = value
+        return results
+
+    def _launch(self, tensors, index, sizes) -> list:
+        program = self.program
+        queue = device_queue(index)
+        bound, keepalive, write_back = [], [], []
+        for t in tensors:
+            if not t.is_contiguous():
+                contiguous = t.contiguous()
+                write_back.append((t, contiguous))
+                t = contiguous
+            keepalive.append(t)
+        largest = max((t.numel() for t in keepalive), default=0)
+        outs = []
+        for _, shape, dtype, device in program.new:
+            shape = _evaluate(shape, sizes)
+            out = new_output(shape, dtype, index) if device.type == _NEURON else torch.empty(shape, dtype=dtype)
+            outs.append(out)
+            largest = max(largest, out.numel())
+        lane = queue.lane_for(largest)
+        imp = lane.import_memory
+        for t in keepalive:
+            bound.append(imp(t, t.storage_offset() * t.dtype.itemsize, tuple(t.shape), t.dtype))
+        device = torch.device(_NEURON, index)
+        for r in program.randoms:
+            values = _run_seeded(r.draw, (_evaluate(r.shape, sizes),), {"dtype": r.dtype}, device)
+            keepalive.append(values)
+            bound.append(imp(values, 0, tuple(values.shape), values.dtype))
+        for out in outs:
+            bound.append(imp(out, 0, tuple(out.shape), out.dtype))
+        keepalive.append(outs)
+        queue.launch(self.executable, bound, keepalive, program.what, None, lane)
+        for original, contiguous in write_back:
+            original.copy_(contiguous)  # an input the graph updates in place
+        if any(t.device.type != _NEURON for t in keepalive[:len(tensors)]) or any(
+            o.device.type != _NEURON for o in outs
+        ):
+            queue.synchronize()  # host tensors are read or written by the program at once
+        return outs
+
+
+def _device_index(tensors, program) -> int:
+    index = None
+    for t in tensors:
+        if t.device.type == _NEURON:
+            if index is None:
+                index = t.device.index or 0
+            elif t.device.index != index:
+                raise RuntimeError(
+                    f"neuron: {program.what} got tensors on neuron:{index} and neuron:{t.device.index}"
+                )
+    return 0 if index is None else index
+
+
+def _empty_result(spec, sizes, index):
+    _, shape, dtype, device = spec
+    shape = _evaluate(shape, sizes)
+    if device.type == _NEURON:
+        return new_output(shape, dtype, index)
+    return torch.empty(shape, dtype=dtype)
+
+
+def compile_program(program: GraphProgram, example_inputs, target: tuple) -> CompiledGraph:
+    """Lower and compile (through every cache layer); raises NotCompilable."""
+    mlir = program.lower(example_inputs)
+    executable = None if mlir is None else eager.executable_for(mlir, program.what, target)
+    return CompiledGraph(program, executable)
+
+
+__all__ = ["CompiledGraph", "GraphProgram", "compile_program"]

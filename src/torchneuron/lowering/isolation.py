@@ -1,0 +1,53 @@
+"""Lowering must not see the program's modes.
+
+An op can reach the lowering while the program has TorchDispatchModes or
+TorchFunctionModes active: a user's FlopCounterMode or `with
+torch.device(...)`, or AOTAutograd's runtime, which runs compiled graphs
+under a dispatch mode that analyses custom ops. Tracing an op for export (or
+for its result shapes) under such a mode records the mode's behaviour, not
+the op's, and the wrong executable would be cached on disk for every later
+process. Every trace the lowering makes runs with those modes set aside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_mode
+from torch.utils._python_dispatch import _disable_current_modes, _len_torch_dispatch_stack
+
+
+_KEY, _KEYS = torch._C.DispatchKey, torch._C.DispatchKeySet
+# A program's thread state: the dispatcher's default include set, autocast off. An op reaches the
+# lowering from inside the dispatcher (below autograd, or inside a mode's
+# handler, which excludes every key above Python, functionalization
+# included), and export must trace from the top as a program would.
+_DEFAULT_INCLUDED = _KEYS(_KEY.BackendSelect) | _KEYS(_KEY.ADInplaceOrView)
+_AUTOCAST_KEYS = _KEYS(_KEY.AutocastCPU)
+for _name in dir(_KEY):
+    if _name.startswith("Autocast"):
+        _AUTOCAST_KEYS = _AUTOCAST_KEYS | _KEYS(getattr(_KEY, _name))
+
+
+@contextlib.contextmanager
+def outside_program_modes():
+    with torch._C._ForceDispatchKeyGuard(_DEFAULT_INCLUDED, _AUTOCAST_KEYS), _outside_modes():
+        yield
+
+
+@contextlib.contextmanager
+def _outside_modes():
+    function_modes = []
+    if _get_current_function_mode_stack():
+        for _ in range(len(_get_current_function_mode_stack())):
+            function_modes.append(_pop_mode())
+    try:
+        if _len_torch_dispatch_stack():
+            with _disable_current_modes():
+                yield
+        else:
+            yield
+    finally:
+        for mode in reversed(function_modes):
+            _push_mode(mode)
