@@ -16,13 +16,16 @@ evaluated from the graph's symbolic shapes with the sizes of each call.
 
 from __future__ import annotations
 
-import copy
+import functools
+import operator
 from dataclasses import dataclass
 
 import sympy
 import torch
 import torch.fx
 
+from ..cache import cache_key, executable_cache
+from ..cache.disk import disk_cache
 from ..dispatch import eager
 from ..dispatch.cached_launch import new_output
 from ..dispatch.host_fallback import _run_seeded
@@ -60,7 +63,9 @@ class GraphProgram:
         self.kind = kind
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.tensor_inputs = []  # positions of tensor inputs
-        self.symbols = {}  # sympy symbol -> (input position, dim) or ("int", position)
+        self.symbols = {}  # sympy symbol -> ("dim", input position, dim) or ("int", input position, None)
+        self.constants = {}  # input position -> a number input's value (it is baked in)
+        int_inputs = []
         for pos, (node, example) in enumerate(zip(self.placeholders, example_inputs)):
             if isinstance(example, torch.Tensor):
                 self.tensor_inputs.append(pos)
@@ -68,14 +73,25 @@ class GraphProgram:
                     if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
                         self.symbols.setdefault(size.node.expr, ("dim", pos, d))
             elif isinstance(example, torch.SymInt):
-                if isinstance(example.node.expr, sympy.Symbol):
-                    self.symbols.setdefault(example.node.expr, ("int", pos, None))
-            elif not isinstance(example, (int, float, bool, type(None))):
+                int_inputs.append((pos, example))
+            elif isinstance(example, (int, float, bool, type(None))):
+                self.constants[pos] = example
+            else:
                 raise NotCompilable(f"graph input of type {type(example).__name__}")
+        # Size inputs are computed from tensor shapes inside the executable.
+        self.size_inputs = {}  # input position -> sympy expression of tensor input sizes
+        for pos, example in int_inputs:
+            expr = example.node.expr
+            missing = [sym for sym in expr.free_symbols if sym not in self.symbols]
+            if missing:
+                raise NotCompilable(f"size input {expr} is not computable from the tensor inputs' sizes")
+            self.size_inputs[pos] = expr
         self.dynamic = bool(self.symbols)
         self.gm = _on_cpu(gm)
         self.randoms = _take_randoms(self.gm)
-        self._outputs(gm)
+        self.n_returned = _output_count(self.gm)
+        self.write_back = _integer_updates_as_results(self.gm)
+        self._outputs(self.gm)
         self.what = _describe(gm, kind)
         self.source_lines = _source_lines(gm)
 
@@ -85,9 +101,9 @@ class GraphProgram:
         ("sym", sympy expression)."""
         output = next(n for n in gm.graph.nodes if n.op == "output")
         values = output.args[0]
-        self.single = not isinstance(values, (tuple, list))
-        values = [values] if self.single else list(values)
-        placeholder_pos = {n: i for i, n in enumerate(self.placeholders)}
+        values = [values] if not isinstance(values, (tuple, list)) else list(values)
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        placeholder_pos = {n: i for i, n in enumerate(placeholders[:len(self.placeholders)])}
         seen: dict = {}
         self.outputs = []
         self.new = []  # (output index, shape, dtype, device) per destination
@@ -123,25 +139,25 @@ class GraphProgram:
         if not self.new and not _mutates_inputs(self.gm):
             return None
         module = _ProgramModule(self.gm, self.placeholders, self.tensor_inputs, len(self.randoms),
-                                [i for i, *_ in self.new], self.outputs)
-        examples = [_example(example_inputs[p]) for p in self.tensor_inputs]
+                                [i for i, *_ in self.new], self.size_inputs, self.constants, self.symbols)
+        examples = [_boundary(_example(example_inputs[p])) for p in self.tensor_inputs]
         sizes = self.sizes_of(example_inputs)
         examples += [torch.zeros(_evaluate(r.shape, sizes), dtype=r.dtype) for r in self.randoms]
-        examples += [torch.zeros(_evaluate(shape, sizes), dtype=dtype) for _, shape, dtype, _ in self.new]
+        examples += [_boundary(torch.zeros(_evaluate(shape, sizes), dtype=dtype)) for _, shape, dtype, _ in self.new]
         dynamic_shapes = self._dynamic_shapes(examples) if self.dynamic else None
-        return export_to_mlir(module, examples, dynamic_shapes=dynamic_shapes)
+        # forward(*inputs) takes its inputs as one variadic argument.
+        return export_to_mlir(module, examples, dynamic_shapes=(dynamic_shapes,) if dynamic_shapes else None)
 
     def _dynamic_shapes(self, examples) -> tuple:
-        """torch.export's Dims for every input dimension that is a size symbol."""
-        dims = {}
-        for symbol in self.symbols:
-            dims[symbol] = torch.export.Dim(str(symbol).replace("-", "_"), min=0)
+        """torch.export's Dims for every dimension that depends on a size
+        symbol (derived dims such as 2*s0 included). The range starts at 2,
+        as Dynamo's does (sizes 0 and 1 are specialized)."""
+        dims = {symbol: torch.export.Dim(str(symbol), min=2) for symbol in self.symbols}
         spec = []
         shapes = [self._input_shape(p) for p in self.tensor_inputs]
         shapes += [r.shape for r in self.randoms] + [shape for _, shape, *_ in self.new]
-        for shape, example in zip(shapes, examples):
-            spec.append({d: dims[s] for d, s in enumerate(shape) if isinstance(s, sympy.Symbol) and s in dims}
-                        or None)
+        for shape in shapes:
+            spec.append({d: _as_dim(s, dims) for d, s in enumerate(shape) if not isinstance(s, int)} or None)
         return tuple(spec)
 
     def _input_shape(self, pos) -> tuple:
@@ -153,7 +169,7 @@ class GraphProgram:
         sizes = {}
         for symbol, (kind, pos, d) in self.symbols.items():
             value = inputs[pos]
-            sizes[symbol] = int(value.shape[d]) if kind == "dim" else int(value)
+            sizes[symbol] = _concrete(value.shape[d] if kind == "dim" else value)
         return sizes
 
 
@@ -164,21 +180,77 @@ def _expr(size):
     return int(size)
 
 
+def evaluate_size(expr, sizes):
+    """A sympy size expression evaluated on `sizes` (symbol -> int, SymInt
+    or export Dim): sums, products, powers, floor division and modulo."""
+    if isinstance(expr, sympy.Symbol):
+        return sizes[expr]
+    if expr.is_Integer:
+        return int(expr)
+    args = [evaluate_size(a, sizes) for a in expr.args]
+    if isinstance(expr, sympy.Add):
+        return functools.reduce(operator.add, args)
+    if isinstance(expr, sympy.Mul):
+        return functools.reduce(operator.mul, args)
+    if isinstance(expr, sympy.Pow) and expr.args[1].is_Integer:
+        return functools.reduce(operator.mul, [args[0]] * int(expr.args[1]))
+    name = type(expr).__name__
+    if name == "FloorDiv":
+        return args[0] // args[1]
+    if name in ("Mod", "PythonMod"):
+        return args[0] % args[1]
+    raise NotCompilable(f"size expression {expr} ({name}) is not supported")
+
+
+def _as_dim(expr, dims):
+    try:
+        return evaluate_size(expr, dims)
+    except (TypeError, NotCompilable):
+        raise NotCompilable(f"dimension {expr} is not expressible for torch.export") from None
+
+
 def _evaluate(shape, sizes) -> tuple:
     return tuple(s if isinstance(s, int) else int(s.subs(sizes)) for s in shape)
 
 
+# 0-dim tensors cross the executable's boundary as 1-element tensors: the
+# importer cannot write a 0-dim integer input in place (BatchNorm's
+# num_batches_tracked: "failed to legalize unresolved target materialization
+# from tensor<si64> to tensor<i64>"), and a view back to 0-dim is free.
+def _boundary(t):
+    return t.reshape(1) if t.dim() == 0 else t
+
+
+def _boundary_shape(shape) -> tuple:
+    return tuple(shape) if len(shape) else (1,)
+
+
+def _concrete(size) -> int:
+    """A size's value in this call; for a symbolic size at compile time, its
+    hint (int() would specialize the graph to it)."""
+    if isinstance(size, torch.SymInt):
+        hint = size.node.hint
+        if hint is None:
+            raise NotCompilable(f"size {size} has no example value")
+        return int(hint)
+    return int(size)
+
+
 def _example(value):
     if isinstance(value, torch.Tensor):
-        shape = [int(s) for s in value.shape]
-        return torch.zeros(shape, dtype=value.dtype)
-    return value
+        return torch.zeros([_concrete(s) for s in value.shape], dtype=value.dtype)
+    return _concrete(value) if isinstance(value, torch.SymInt) else value
 
 
 def _on_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A copy of the graph whose factory ops build CPU tensors: the graph is
     traced on CPU example tensors for export (devices are the caller's)."""
-    gm = copy.deepcopy(gm)
+    # A copy of the graph, not of its metadata (deep-copying the symbolic
+    # example values would guard on their sizes, specializing them).
+    graph = torch.fx.Graph()
+    output = graph.graph_copy(gm.graph, {})
+    graph.output(output)
+    gm = torch.fx.GraphModule(gm, graph)
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
@@ -220,6 +292,38 @@ def _take_randoms(gm: torch.fx.GraphModule) -> list:
     return randoms
 
 
+def _output_count(gm) -> int:
+    values = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    return len(values) if isinstance(values, (tuple, list)) else 1
+
+
+def _integer_updates_as_results(gm) -> list:
+    """In-place updates of integer inputs (BatchNorm's num_batches_tracked)
+    become extra results, copied into the inputs after the launch: IREE 3.13
+    cannot compile an integer input that is read and written in place
+    ("failed to legalize unresolved target materialization from tensor<si64>
+    to tensor<i64>"; eager mode runs such ops on the host). Returns
+    (input position, output index) pairs."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    values = output.args[0]
+    values = list(values) if isinstance(values, (tuple, list)) else [values]
+    moved = []
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.copy_.default or node.users:
+            continue
+        target = node.args[0]
+        meta = target.meta.get("val") if target in placeholders else None
+        if isinstance(meta, torch.Tensor) and not (meta.dtype.is_floating_point or meta.dtype.is_complex):
+            values.append(node.args[1])
+            moved.append((placeholders.index(target), len(values) - 1))
+            gm.graph.erase_node(node)
+    if moved:
+        output.args = (tuple(values),)
+        gm.recompile()
+    return moved
+
+
 def _mutates_inputs(gm) -> bool:
     placeholders = {n for n in gm.graph.nodes if n.op == "placeholder"}
     return any(
@@ -232,31 +336,50 @@ class _ProgramModule(torch.nn.Module):
     """forward(tensor inputs..., random values..., destinations...): runs the
     graph and copies each new result into its destination."""
 
-    def __init__(self, gm, placeholders, tensor_inputs, n_random, new_outputs, outputs):
+    def __init__(self, gm, placeholders, tensor_inputs, n_random, new_outputs, size_inputs, constants, symbols):
         super().__init__()
+        self.symbols = symbols
+        self.scalars = {pos for pos in tensor_inputs if _placeholder_dim(placeholders[pos]) == 0}
         self.gm = gm
         self.n_placeholders = len(placeholders)
         self.tensor_inputs = tensor_inputs
         self.n_random = n_random
         self.new_outputs = new_outputs
-        self.static = [value if kind == "value" else None for kind, value in outputs]
+        self.size_inputs = size_inputs
+        self.constants = constants
 
     def forward(self, *inputs):
         n = len(self.tensor_inputs)
         args = [None] * self.n_placeholders
-        for pos, x in zip(self.tensor_inputs, inputs[:n]):
+        by_position = dict(zip(self.tensor_inputs, inputs[:n]))
+        for pos, x in by_position.items():
             # A reshape round trip: IREE cannot write a destination straight
             # from an argument or a view of one (see lowering.graph); views
             # keep in-place updates of inputs landing in the inputs.
-            args[pos] = x.unsqueeze(0).squeeze(0) if x.numel() else x
+            if pos in self.scalars:
+                args[pos] = x.view(())  # see _boundary
+            else:
+                args[pos] = x.unsqueeze(0).squeeze(0) if x.numel() else x
+        if self.size_inputs:
+            sizes = {symbol: by_position[pos].shape[d] for symbol, (_, pos, d) in self.symbols.items()}
+            for pos, expr in self.size_inputs.items():
+                args[pos] = evaluate_size(expr, sizes)
+        for pos, value in self.constants.items():
+            args[pos] = value
         randoms = inputs[n:n + self.n_random]
         destinations = inputs[n + self.n_random:]
         results = self.gm(*args, *randoms)
         if not isinstance(results, (tuple, list)):
             results = (results,)
         for i, destination in zip(self.new_outputs, destinations):
-            destination.copy_(results[i])
+            value = results[i]
+            destination.copy_(value.reshape(1) if value.dim() == 0 else value)
         return ()
+
+
+def _placeholder_dim(node):
+    meta = node.meta.get("val")
+    return meta.dim() if isinstance(meta, torch.Tensor) else None
 
 
 def _describe(gm, kind) -> str:
@@ -312,7 +435,9 @@ class CompiledGraph:
                 results[i] = int(value.subs(sizes))
             else:
                 results[i] = value
-        return results
+        for pos, j in program.write_back:
+            inputs[pos].copy_(results[j])  # queued after the launch
+        return results[:program.n_returned]
 
     def _launch(self, tensors, index, sizes) -> list:
         program = self.program
@@ -334,14 +459,14 @@ class CompiledGraph:
         lane = queue.lane_for(largest)
         imp = lane.import_memory
         for t in keepalive:
-            bound.append(imp(t, t.storage_offset() * t.dtype.itemsize, tuple(t.shape), t.dtype))
+            bound.append(imp(t, t.storage_offset() * t.dtype.itemsize, _boundary_shape(t.shape), t.dtype))
         device = torch.device(_NEURON, index)
         for r in program.randoms:
             values = _run_seeded(r.draw, (_evaluate(r.shape, sizes),), {"dtype": r.dtype}, device)
             keepalive.append(values)
             bound.append(imp(values, 0, tuple(values.shape), values.dtype))
         for out in outs:
-            bound.append(imp(out, 0, tuple(out.shape), out.dtype))
+            bound.append(imp(out, 0, _boundary_shape(out.shape), out.dtype))
         keepalive.append(outs)
         queue.launch(self.executable, bound, keepalive, program.what, None, lane)
         for original, contiguous in write_back:
@@ -374,11 +499,35 @@ def _empty_result(spec, sizes, index):
     return torch.empty(shape, dtype=dtype)
 
 
+# Flags tried when a whole graph does not compile with the target's own:
+# IREE 3.13's data tiling fails on some large graphs ("load_from_buffer op
+# buffer and tensor shapes must be compatible", the demo GPT's forward) that
+# compile without it.
+_RETRY_FLAGS = ("--iree-opt-data-tiling=false",)
+
+
 def compile_program(program: GraphProgram, example_inputs, target: tuple) -> CompiledGraph:
     """Lower and compile (through every cache layer); raises NotCompilable."""
     mlir = program.lower(example_inputs)
-    executable = None if mlir is None else eager.executable_for(mlir, program.what, target)
+    if mlir is None:
+        return CompiledGraph(program, None)
+    backend, flags = target
+    retry = (backend, tuple(flags) + _RETRY_FLAGS)
+    if _stored(mlir, retry):  # an earlier run found that only the retry compiles
+        return CompiledGraph(program, eager.executable_for(mlir, program.what, retry))
+    try:
+        executable = eager.executable_for(mlir, program.what, target)
+    except NotCompilable:
+        executable = eager.executable_for(mlir, program.what, retry)
     return CompiledGraph(program, executable)
+
+
+def _stored(mlir: str, target: tuple) -> bool:
+    key = cache_key(mlir, *target)
+    if key in executable_cache():
+        return True
+    disk = disk_cache()
+    return disk is not None and disk.has_executable(key)
 
 
 __all__ = ["CompiledGraph", "GraphProgram", "compile_program"]

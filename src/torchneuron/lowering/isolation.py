@@ -6,7 +6,8 @@ torch.device(...)`, or AOTAutograd's runtime, which runs compiled graphs
 under a dispatch mode that analyses custom ops. Tracing an op for export (or
 for its result shapes) under such a mode records the mode's behaviour, not
 the op's, and the wrong executable would be cached on disk for every later
-process. Every trace the lowering makes runs with those modes set aside.
+process. Every trace the lowering makes runs with those modes set aside,
+and outside any torch.compile tracing context.
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ for _name in dir(_KEY):
 
 @contextlib.contextmanager
 def outside_program_modes():
-    with torch._C._ForceDispatchKeyGuard(_DEFAULT_INCLUDED, _AUTOCAST_KEYS), _outside_modes():
+    # No tracing or compile context either: inside a torch.compile backend,
+    # export would otherwise trace with Dynamo's fake mode and shape
+    # environment, and specialize the program's dynamic sizes.
+    with torch._C._ForceDispatchKeyGuard(_DEFAULT_INCLUDED, _AUTOCAST_KEYS), _outside_modes(), \
+            torch._guards.tracing(None), torch._guards.compile_context(None):
         yield
 
 
