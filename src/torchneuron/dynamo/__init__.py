@@ -12,10 +12,15 @@ from .backend import GraphCompileError, neuron
 
 
 def register() -> None:
+    from torch._dynamo import trace_rules
     from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
 
     if "neuron" not in _COMPILER_FNS:
         register_backend(name="neuron")(neuron)
+    # Dynamo never traces torchneuron's own frames: eager ops that run while
+    # a compiled frame is active (a graph break, a fallback) reach the
+    # dispatcher's Python code, which Dynamo would otherwise try to compile.
+    trace_rules.add("torchneuron")
 
 
 __all__ = ["GraphCompileError", "neuron", "register"]

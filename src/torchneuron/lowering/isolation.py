@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch._C._dynamo.eval_frame import set_eval_frame
 from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_mode
 from torch.utils._python_dispatch import _disable_current_modes, _len_torch_dispatch_stack
 
@@ -35,10 +36,16 @@ for _name in dir(_KEY):
 def outside_program_modes():
     # No tracing or compile context either: inside a torch.compile backend,
     # export would otherwise trace with Dynamo's fake mode and shape
-    # environment, and specialize the program's dynamic sizes.
-    with torch._C._ForceDispatchKeyGuard(_DEFAULT_INCLUDED, _AUTOCAST_KEYS), _outside_modes(), \
-            torch._guards.tracing(None), torch._guards.compile_context(None):
-        yield
+    # environment, and specialize the program's dynamic sizes. And no Dynamo
+    # frame callback: an op lowered while a compiled frame runs would have
+    # Dynamo compile the lowering's own Python (export, the importer).
+    prior = set_eval_frame(None)
+    try:
+        with torch._C._ForceDispatchKeyGuard(_DEFAULT_INCLUDED, _AUTOCAST_KEYS), _outside_modes(), \
+                torch._guards.tracing(None), torch._guards.compile_context(None):
+            yield
+    finally:
+        set_eval_frame(prior)
 
 
 @contextlib.contextmanager

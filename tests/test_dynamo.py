@@ -1,0 +1,255 @@
+"""torch.compile(backend="neuron"): whole forward and backward graphs,
+compared with PyTorch CPU eager (results, gradients, and every argument
+after the call)."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import torchneuron
+from torchneuron.dynamo import GraphCompileError
+from torchneuron.models import GPT, GPTConfig
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    torch.compiler.set_default_backend(None)
+
+
+def _dynamo_stats():
+    return torchneuron.compile_stats()["dynamo"]
+
+
+def _pair(module):
+    torch.manual_seed(0)
+    cpu = module()
+    neuron = copy.deepcopy(cpu).to("neuron")
+    return cpu, neuron
+
+
+def _close(a, b, tol=1e-5):
+    torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=tol, atol=tol)
+
+
+def test_backend_is_listed_without_importing_torchneuron():
+    code = (
+        "import sys, torch, torch._dynamo\n"
+        "names = torch._dynamo.list_backends()\n"
+        "print('neuron' in names, 'torchneuron' in sys.modules)\n"
+    )
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-2:] == ["True", "False"]
+
+
+def test_mlp_forward_and_backward_match_cpu():
+    def mlp():
+        return torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.GELU(), torch.nn.Linear(24, 5))
+
+    cpu, neuron = _pair(mlp)
+    before = _dynamo_stats().get("graphs_compiled", 0)
+    compiled = torch.compile(neuron, backend="neuron")
+    x = torch.randn(7, 12)
+    xn = x.to("neuron")
+    out = compiled(xn)
+    out.square().sum().backward()
+    expected = cpu(x)
+    expected.square().sum().backward()
+    _close(out, expected)
+    _close(xn, x)  # the input is unchanged
+    for p, q in zip(neuron.parameters(), cpu.parameters()):
+        _close(p.grad, q.grad, 1e-4)
+        _close(p, q)
+    assert _dynamo_stats()["graphs_compiled"] - before == 2  # forward and backward
+
+
+def test_gpt_trains_20_steps_like_cpu():
+    cfg = GPTConfig(dropout=0.0)
+    cpu, neuron = _pair(lambda: GPT(cfg))
+    opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=1e-3)
+    opt_neuron = torch.optim.AdamW(neuron.parameters(), lr=1e-3)
+    compiled = torch.compile(neuron, backend="neuron")
+    g = torch.Generator().manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no graph may fall back
+        for _ in range(20):
+            x = torch.randint(0, cfg.vocab_size, (4, cfg.block_size), generator=g)
+            y = torch.randint(0, cfg.vocab_size, (4, cfg.block_size), generator=g)
+            _, loss = cpu(x, y)
+            opt_cpu.zero_grad()
+            loss.backward()
+            opt_cpu.step()
+            _, loss_n = compiled(x.to("neuron"), y.to("neuron"))
+            opt_neuron.zero_grad()
+            loss_n.backward()
+            opt_neuron.step()
+            assert abs(loss_n.item() - loss.item()) < 1e-4
+    assert "graphs_fallback" not in _dynamo_stats()
+
+
+def test_batchnorm_in_train_mode_updates_running_statistics():
+    def cnn():
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.BatchNorm2d(6), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(6, 3),
+        )
+
+    cpu, neuron = _pair(cnn)
+    compiled = torch.compile(neuron, backend="neuron")
+    for _ in range(2):
+        x = torch.randn(4, 3, 6, 6)
+        out = compiled(x.to("neuron"))
+        out.sum().backward()
+        expected = cpu(x)
+        expected.sum().backward()
+        _close(out, expected)
+    bn, bn_cpu = neuron[1], cpu[1]
+    _close(bn.running_mean, bn_cpu.running_mean)
+    _close(bn.running_var, bn_cpu.running_var)
+    assert bn.num_batches_tracked.item() == bn_cpu.num_batches_tracked.item() == 2
+    _close(neuron[0].weight.grad, cpu[0].weight.grad, 1e-4)
+
+
+def test_graph_break_runs_both_pieces():
+    def fn(x):
+        y = torch.sin(x) * 2
+        torch._dynamo.graph_break()
+        return torch.cos(y) + x
+
+    x = torch.randn(5, 9)
+    before = _dynamo_stats().get("graphs_compiled", 0)
+    out = torch.compile(fn, backend="neuron")(x.to("neuron"))
+    _close(out, fn(x))
+    assert _dynamo_stats()["graphs_compiled"] - before == 2  # one graph each side of the break
+
+
+def test_dynamic_sequence_length_compiles_once():
+    def seq():
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8))
+
+    cpu, neuron = _pair(seq)
+    compiled = torch.compile(neuron, backend="neuron")
+    before = dict(_dynamo_stats())
+    for length in (5, 9, 17):
+        x = torch.randn(2, length, 16)
+        xn = x.to("neuron")
+        torch._dynamo.mark_dynamic(xn, 1)
+        out = compiled(xn)
+        out.sum().backward()
+        expected = cpu(x)
+        expected.sum().backward()
+        _close(out, expected)
+        _close(neuron[0].weight.grad, cpu[0].weight.grad, 1e-4)
+    after = _dynamo_stats()
+    assert after["graphs_compiled"] - before.get("graphs_compiled", 0) == 2  # one forward, one backward
+    assert after["graphs_dynamic"] - before.get("graphs_dynamic", 0) == 2
+
+
+def test_compiled_optimizer_step():
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(10, 6))
+    pn = torch.nn.Parameter(p.detach().clone().to("neuron"))
+    opt = torch.optim.Adam([p], lr=0.05)
+    opt_n = torch.optim.Adam([pn], lr=0.05)
+
+    @torch.compile(backend="neuron")
+    def step():
+        opt_n.step()
+
+    for _ in range(3):
+        grad = torch.randn(10, 6)
+        p.grad = grad.clone()
+        pn.grad = grad.to("neuron")
+        opt.step()
+        step()
+    _close(pn, p)
+    _close(opt_n.state[pn]["exp_avg_sq"], opt.state[p]["exp_avg_sq"])
+
+
+class _Block(torch.nn.Module):
+    # A module of the user's own: Dynamo skips a bare nn.Sequential of torch's
+    # modules under Module.compile() (torch's files are on its skip list).
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x)) * 2
+
+
+def test_default_backend_then_module_compile():
+    cpu, neuron = _pair(_Block)
+    torch.compiler.set_default_backend("neuron")
+    neuron.compile()
+    before = _dynamo_stats().get("graphs_compiled", 0)
+    x = torch.randn(3, 6)
+    with torch.no_grad():
+        _close(neuron(x.to("neuron")), cpu(x))
+    assert _dynamo_stats()["graphs_compiled"] - before == 1  # an inference graph
+
+
+def test_graph_that_fails_to_compile_falls_back_with_one_warning():
+    def fn(x):
+        return torch.tanh(x) * 3 + 1
+
+    x = torch.randn(4, 4)
+    compiled = torch.compile(fn, backend="neuron", options={"compiler_flags": ["--iree-no-such-flag"]})
+    with pytest.warns(RuntimeWarning) as caught:
+        out = compiled(x.to("neuron"))
+    ours = [w for w in caught if "torch.compile" in str(w.message)]
+    assert len(ours) == 1
+    assert "runs in neuron eager mode" in str(ours[0].message)
+    _close(out, fn(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning: the fallback is compiled once
+        _close(compiled(x.to("neuron")), fn(x))
+
+
+def test_strict_setting_raises_instead_of_falling_back():
+    def fn(x):
+        return torch.tanh(x) * 3 + 2
+
+    compiled = torch.compile(fn, backend="neuron",
+                             options={"compiler_flags": ["--iree-no-such-flag"], "strict": True})
+    with pytest.raises(Exception) as raised:
+        compiled(torch.randn(4, 4).to("neuron"))
+    chain, e = [], raised.value
+    while e is not None:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    assert any(isinstance(e, GraphCompileError) for e in chain)
+
+
+def test_unknown_option_is_refused():
+    with pytest.raises(Exception, match="unknown options"):
+        torch.compile(lambda x: x + 1, backend="neuron", options={"no_such_option": 1})(torch.ones(2).to("neuron"))
+
+
+_RESTART = """
+import json, torch, torchneuron
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to("neuron")
+out = torch.compile(model, backend="neuron")(torch.randn(3, 8).to("neuron"))
+out.sum().backward()
+stats = torchneuron.compile_stats()
+print(json.dumps({"compiled": stats["sources"].get("compiled", 0), "graphs": stats["dynamo"]}))
+"""
+
+
+def test_restarted_process_compiles_nothing(tmp_path):
+    env = dict(os.environ, TORCHNEURON_CACHE_DIR=str(tmp_path / "cache"))
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _RESTART], env=env, capture_output=True, text=True, check=True)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert runs[0]["compiled"] >= 2 and runs[0]["graphs"]["graphs_compiled"] == 2
+    assert runs[1]["compiled"] == 0 and runs[1]["graphs"]["graphs_compiled"] == 2
