@@ -216,8 +216,9 @@ def main(argv=None) -> int:
     p.add_argument("--ops", nargs="*", help="only these ops (unit stage)")
     p.add_argument("--keep-going", action="store_true", help="run later stages after a failing one")
     p.add_argument("--json", default=None, help="write each stage's results here")
-    p.add_argument("--modes", nargs="+", default=["compile"], choices=["compile", "host"],
-                   help="execution modes to run models in (model stages)")
+    p.add_argument("--modes", nargs="+", default=["compile"], choices=["compile", "host", "torch_compile"],
+                   help="execution modes to run models in (model stages); torch_compile: each model forward "
+                        "and backward under torch.compile(backend=\"neuron\")")
     p.add_argument("--models", nargs="*", help="only these model types (model stages)")
     p.add_argument("--limit", type=int, default=None, help="at most this many models")
     p.add_argument("--jobs", type=int, default=1, help="models run in parallel worker processes")

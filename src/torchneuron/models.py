@@ -106,8 +106,11 @@ def char_dataset(text: str, block_size: int, batch: int, steps: int, seed: int =
 
 
 def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = None, batch: int = 8,
-              optimizer: str = "adamw", on_step=None, foreach: bool | None = None, on_ready=None) -> list:
+              optimizer: str = "adamw", on_step=None, foreach: bool | None = None, on_ready=None,
+              compile_backend: str | None = None) -> list:
     """Train a fresh GPT for `steps` steps on `device`; returns the losses.
+    `compile_backend`: run the model under torch.compile with that backend
+    ("neuron", "inductor"); the optimizer stays eager.
 
     `foreach` picks the optimizer and clipping implementation (None: PyTorch's
     choice for the device, which is the multi-tensor one on neuron and the
@@ -115,6 +118,7 @@ def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = No
     cfg = cfg or GPTConfig()
     torch.manual_seed(seed)
     model = GPT(cfg).to(device)
+    step_model = torch.compile(model, backend=compile_backend) if compile_backend else model
     # Reseed after init: the CPU and neuron generators then start training from
     # the same state, so dropout masks (and losses) match across devices.
     torch.manual_seed(seed + 1)
@@ -128,7 +132,7 @@ def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = No
     text = SAMPLE_TEXT * 4
     for step, (x, y) in enumerate(char_dataset(text, cfg.block_size, batch, steps, seed)):
         x, y = x.to(device), y.to(device)
-        _, loss = model(x, y)
+        _, loss = step_model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=foreach)

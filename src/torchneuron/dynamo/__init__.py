@@ -8,6 +8,7 @@ and again when torchneuron is imported.
 
 from __future__ import annotations
 
+from . import flex_attention
 from .backend import GraphCompileError, neuron
 
 
@@ -21,6 +22,7 @@ def register() -> None:
     # a compiled frame is active (a graph break, a fallback) reach the
     # dispatcher's Python code, which Dynamo would otherwise try to compile.
     trace_rules.add("torchneuron")
+    flex_attention.allow_neuron()
 
 
 __all__ = ["GraphCompileError", "neuron", "register"]

@@ -514,12 +514,29 @@ def compile_program(program: GraphProgram, example_inputs, target: tuple) -> Com
     backend, flags = target
     retry = (backend, tuple(flags) + _RETRY_FLAGS)
     if _stored(mlir, retry):  # an earlier run found that only the retry compiles
-        return CompiledGraph(program, eager.executable_for(mlir, program.what, retry))
-    try:
-        executable = eager.executable_for(mlir, program.what, target)
-    except NotCompilable:
         executable = eager.executable_for(mlir, program.what, retry)
+    else:
+        try:
+            executable = eager.executable_for(mlir, program.what, target)
+        except NotCompilable:
+            executable = eager.executable_for(mlir, program.what, retry)
+    _load(executable, example_inputs, program)
     return CompiledGraph(program, executable)
+
+
+def _load(executable, example_inputs, program) -> None:
+    """Load the executable on its device's queue now: the runtime refuses
+    some executables the compiler made (a dispatch with more than 64
+    bindings, as a compiled optimizer step over many parameters has), and
+    that must fall back here, not fail at the first call."""
+    tensors = [example_inputs[p] for p in program.tensor_inputs]
+    index = next((t.device.index or 0 for t in tensors if t.device.type == _NEURON), 0)
+    queue = device_queue(index)
+    try:
+        for lane in queue.lanes():
+            executable.entry(lane)
+    except (RuntimeError, IndexError, ValueError) as e:
+        raise NotCompilable(f"the runtime cannot load it: {str(e).splitlines()[0][:300]}") from None
 
 
 def _stored(mlir: str, target: tuple) -> bool:

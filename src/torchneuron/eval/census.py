@@ -279,16 +279,23 @@ def _floats(value) -> list:
     return []
 
 
-def _run(model, inputs: dict, device: str, backward: bool) -> tuple:
-    """(output tensors on CPU, gradients on CPU or None)."""
+# Execution modes a model runs in: the eager execution settings, and
+# torch.compile(backend="neuron") over compile-first eager.
+MODES = ("compile", "host", "torch_compile")
+
+
+def _run(model, inputs: dict, device: str, backward: bool, compiled: bool = False) -> tuple:
+    """(output tensors on CPU, gradients on CPU or None); `compiled`: the
+    model runs under torch.compile(backend="neuron")."""
     import torch
 
     model = model.to(device)
     args = {k: v.to(device) for k, v in inputs.items()}
     model.zero_grad(set_to_none=True)
+    call = torch.compile(model, backend="neuron") if compiled else model
     torch.manual_seed(0)  # models that draw random numbers (masking, noise) draw the same on both
     with torch.set_grad_enabled(backward):
-        outs = _floats(model(**args))
+        outs = _floats(call(**args))
     grads = None
     if backward and outs:
         loss = sum(o.float().mean() for o in outs if o.requires_grad)
@@ -352,20 +359,23 @@ def run_one(model_type: str, cls_name: str, head: str, modes: list) -> dict:
     result["status"] = "ran"
     ops: set = set()
     for mode in modes:
-        torchneuron.config.set(execution=mode)
+        compiled = mode == "torch_compile"
+        torchneuron.config.set(execution="compile" if compiled else mode)
         model.load_state_dict(state)
         entry = {}
+        if compiled:
+            torch._dynamo.reset()
         recorder = registry.Recorder(os.devnull, model_type)
         registry._recorder = recorder
         try:
-            out, grads = _run(model, inputs, "neuron", False)
+            out, grads = _run(model, inputs, "neuron", False, compiled)
             problem = _compare(out, ref_out, "output")
             entry["forward"] = "pass" if problem is None else "mismatch"
             if problem:
                 entry["forward_detail"] = problem
             if trains and ref_grads is not None:
                 model.load_state_dict(state)
-                _, grads = _run(model, inputs, "neuron", True)
+                _, grads = _run(model, inputs, "neuron", True, compiled)
                 problem = _compare(grads or [], ref_grads, "gradient")
                 entry["backward"] = "pass" if problem is None else "mismatch"
                 if problem:
@@ -383,6 +393,10 @@ def run_one(model_type: str, cls_name: str, head: str, modes: list) -> dict:
         entry["signatures"] = len(recorder.counts)
         if mode == "compile":
             entry["host_fallback_ops"] = sorted(torchneuron.fallback_ops())
+        if compiled:
+            dynamo = torchneuron.compile_stats()["dynamo"]
+            entry["graphs_compiled"] = dynamo.get("graphs_compiled", 0)
+            entry["graphs_eager"] = dynamo.get("graphs_fallback", 0)  # fell back to neuron eager
         result["modes"][mode] = entry
         torchneuron.reset_stats()
     result["ops"] = sorted(ops)
@@ -490,5 +504,5 @@ def _worker(argv) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", nargs="+", metavar="TYPE CLASS HEAD", help="one or more model triples")
-    parser.add_argument("--modes", nargs="+", default=["compile"])
+    parser.add_argument("--modes", nargs="+", default=["compile"], choices=MODES)
     raise SystemExit(_worker(parser.parse_args()))

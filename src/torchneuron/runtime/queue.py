@@ -223,6 +223,9 @@ class DeviceQueue:
         self._bad = None  # a launch whose index check failed, raised at the next sync
         self.launches = 0
 
+    def lanes(self) -> list:
+        return [self.task] + ([self.inline] if self.inline is not None else [])
+
     def lane_for(self, elements: int) -> Lane:
         """The lane for a launch whose largest tensor has `elements` elements."""
         if self.inline is not None and elements <= config.settings.inline_elements:
