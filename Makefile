@@ -42,6 +42,7 @@ bench: setup
 	$(PY) bench/op_latency.py --write docs/benchmarks.md
 	$(PY) bench/train_step.py --write docs/benchmarks.md
 	$(PY) bench/adaptive.py --write docs/benchmarks.md
+	$(PY) bench/compile.py --write docs/benchmarks.md
 
 clean:
 	rm -rf build src/*.egg-info src/torchneuron/*.so
