@@ -79,6 +79,7 @@ def test_gpt_trains_20_steps_like_cpu():
     opt_neuron = torch.optim.AdamW(neuron.parameters(), lr=1e-3)
     compiled = torch.compile(neuron, backend="neuron")
     g = torch.Generator().manual_seed(1)
+    before = _dynamo_stats().get("graphs_compiled", 0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no graph may fall back
         for _ in range(20):
@@ -94,6 +95,7 @@ def test_gpt_trains_20_steps_like_cpu():
             opt_neuron.step()
             assert abs(loss_n.item() - loss.item()) < 1e-4
     assert "graphs_fallback" not in _dynamo_stats()
+    assert _dynamo_stats()["graphs_compiled"] - before == 2  # the forward and the backward
 
 
 def test_batchnorm_in_train_mode_updates_running_statistics():

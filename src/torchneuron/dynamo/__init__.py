@@ -12,16 +12,22 @@ from . import flex_attention
 from .backend import GraphCompileError, neuron
 
 
+_INTERNALS = ("adaptive", "cache", "compiler", "config", "device", "dispatch", "dynamo", "lowering", "memory",
+              "runtime", "service")
+
+
 def register() -> None:
     from torch._dynamo import trace_rules
     from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
 
     if "neuron" not in _COMPILER_FNS:
         register_backend(name="neuron")(neuron)
-    # Dynamo never traces torchneuron's own frames: eager ops that run while
+    # Dynamo never traces the backend's own frames: eager ops that run while
     # a compiled frame is active (a graph break, a fallback) reach the
     # dispatcher's Python code, which Dynamo would otherwise try to compile.
-    trace_rules.add("torchneuron")
+    # (torchneuron.models stays traceable: it is a user model, the demo's.)
+    for name in _INTERNALS:
+        trace_rules.add(f"torchneuron.{name}")
     flex_attention.allow_neuron()
 
 

@@ -23,7 +23,6 @@ from torch._functorch.aot_autograd import make_boxed_func
 from .. import config
 from ..compiler import target_flags
 from ..lowering import NotCompilable
-from ..lowering.decompositions import decomposition_table
 from . import stats
 from .graph_program import GraphProgram, compile_program
 
@@ -56,9 +55,22 @@ def neuron(gm: torch.fx.GraphModule, example_inputs, *, options: dict | None = N
 
 @functools.lru_cache(maxsize=None)
 def _decompositions() -> dict:
-    # The _foreach_ entries redispatch to CPU kernels (for export); AOTAutograd
-    # traces _foreach_ ops through their own decompositions.
-    return {op: fn for op, fn in decomposition_table().items() if "_foreach_" not in str(op)}
+    """PyTorch's core ATen decompositions while AOTAutograd traces; eager
+    mode's own table (special functions, linear algebra, ops torch-mlir lacks)
+    is applied to each graph when it is lowered, as to each eager op. The
+    whole table cannot be used here: its _foreach_ entries redispatch to CPU
+    kernels and its tensor-creation entries (lift_fresh, _to_copy) made real
+    neuron tensors inside Dynamo's fake tracing (`torch.tensor(..., device=x.device)`)."""
+    from torch._decomp import core_aten_decompositions, decomposition_table
+
+    table = dict(core_aten_decompositions())
+    # Random ops as rand_like and arithmetic: their values are drawn on the
+    # host and passed in (graph_program), the rest compiles.
+    aten = torch.ops.aten
+    for op in (aten.native_dropout.default, aten.bernoulli.p, aten.bernoulli.default):
+        if op in decomposition_table:
+            table[op] = decomposition_table[op]
+    return table
 
 
 _warned_lock = threading.Lock()

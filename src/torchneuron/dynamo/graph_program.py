@@ -252,6 +252,11 @@ def _on_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     graph.output(output)
     gm = torch.fx.GraphModule(gm, graph)
     for node in gm.graph.nodes:
+        if node.op == "get_attr":  # a tensor constant (torch.tensor(...) in the program)
+            value = _attribute(gm, node.target)
+            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                with outside_program_modes():  # a real tensor: not under Dynamo's fake mode
+                    _set_attribute(gm, node.target, value.detach().cpu())
         if node.op != "call_function":
             continue
         device = node.kwargs.get("device")
@@ -261,6 +266,21 @@ def _on_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             node.kwargs = {k: v for k, v in node.kwargs.items() if k != "device"}
     gm.recompile()
     return gm
+
+
+def _attribute(module, target: str):
+    for name in target.split("."):
+        module = getattr(module, name)
+    return module
+
+
+def _set_attribute(module, target: str, value) -> None:
+    *path, name = target.split(".")
+    for part in path:
+        module = getattr(module, part)
+    if isinstance(getattr(module, name, None), torch.nn.Parameter):
+        value = torch.nn.Parameter(value, requires_grad=False)
+    setattr(module, name, value) if name not in module._buffers else module._buffers.__setitem__(name, value)
 
 
 def _take_randoms(gm: torch.fx.GraphModule) -> list:
