@@ -32,7 +32,8 @@ demo: setup
 # adaptive eager mode.
 ADAPTIVE_TESTS := tests/test_views.py tests/test_copies.py tests/test_dispatch.py tests/test_errors.py \
 	tests/test_autograd_training.py tests/test_index_bounds.py tests/test_memory_ownership.py \
-	tests/test_device_module.py tests/test_memory.py tests/test_dtypes.py tests/test_conformance.py
+	tests/test_device_module.py tests/test_memory.py tests/test_dtypes.py tests/test_conformance.py \
+	tests/test_program_modes.py
 
 test: setup
 	$(PY) -m pytest tests
