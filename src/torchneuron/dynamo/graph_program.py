@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import re
 from dataclasses import dataclass
 
 import sympy
@@ -403,8 +404,16 @@ def _placeholder_dim(node):
 
 
 def _describe(gm, kind) -> str:
+    """"torch.compile forward graph (178 ops) from models.py:86": what the
+    cache (`torchneuron cache list`, `explain`) and errors call it."""
     ops = [n for n in gm.graph.nodes if n.op == "call_function"]
-    return f"torch.compile {kind} graph ({len(ops)} ops)"
+    text = f"torch.compile {kind} graph ({len(ops)} ops)"
+    lines = _source_lines(gm)
+    if lines:
+        m = re.match(r'File "(?:.*/)?([^/"]+)", line (\d+)', lines[0])
+        if m:
+            text += f" from {m.group(1)}:{m.group(2)}"
+    return text
 
 
 def _source_lines(gm) -> list:
