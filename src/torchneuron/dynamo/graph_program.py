@@ -17,6 +17,7 @@ evaluated from the graph's symbolic shapes with the sizes of each call.
 from __future__ import annotations
 
 import functools
+import hashlib
 import operator
 import re
 from dataclasses import dataclass
@@ -27,13 +28,14 @@ import torch.fx
 
 from ..cache import cache_key, executable_cache
 from ..cache.disk import disk_cache
+from ..cache.key import plan_id
 from ..dispatch import eager
 from ..dispatch.cached_launch import new_output
 from ..dispatch.host_fallback import _run_seeded
 from ..lowering import NotCompilable
 from ..lowering.graph import export_to_mlir
 from ..lowering.isolation import outside_program_modes
-from ..runtime import device_queue
+from ..runtime import LoadedExecutable, device_queue
 from ..runtime.queue import queue_recorded
 
 _NEURON = "neuron"
@@ -164,6 +166,28 @@ class GraphProgram:
     def _input_shape(self, pos) -> tuple:
         meta = self.placeholders[pos].meta.get("val")
         return tuple(_expr(s) for s in meta.shape) if isinstance(meta, torch.Tensor) else ()
+
+    def identity(self, example_inputs) -> str:
+        """The graph's stable text: its code, input layouts (symbolic sizes
+        by name), tensor constants, random inputs and write-backs. Equal
+        identities lower to the same module."""
+        h = hashlib.sha256(self.gm.code.encode())
+        for pos, node in enumerate(self.placeholders):
+            meta = node.meta.get("val")
+            if isinstance(meta, torch.Tensor):
+                h.update(f"{pos}:{meta.dtype}:{tuple(map(str, meta.shape))}:{meta.device.type}".encode())
+            else:
+                h.update(f"{pos}:{type(meta).__name__}:{self.constants.get(pos)!r}".encode())
+        for node in self.gm.graph.nodes:
+            if node.op == "get_attr":
+                value = _attribute(self.gm, node.target)
+                if isinstance(value, torch.Tensor):
+                    h.update(f"{node.target}:{value.dtype}:{tuple(value.shape)}".encode())
+                    h.update(value.detach().contiguous().numpy().tobytes() if value.dtype != torch.bfloat16
+                             else value.detach().float().numpy().tobytes())
+        h.update(repr([(r.draw.__name__, tuple(map(str, r.shape)), str(r.dtype)) for r in self.randoms]).encode())
+        h.update(repr((self.write_back, self.n_returned, sorted(self.symbols, key=str))).encode())
+        return h.hexdigest()
 
     def sizes_of(self, inputs) -> dict:
         """symbol -> its value in this call."""
@@ -536,21 +560,46 @@ _RETRY_FLAGS = ("--iree-opt-data-tiling=false",)
 
 
 def compile_program(program: GraphProgram, example_inputs, target: tuple) -> CompiledGraph:
-    """Lower and compile (through every cache layer); raises NotCompilable."""
-    mlir = program.lower(example_inputs)
-    if mlir is None:
-        return CompiledGraph(program, None)
-    backend, flags = target
-    retry = (backend, tuple(flags) + _RETRY_FLAGS)
-    if _stored(mlir, retry):  # an earlier run found that only the retry compiles
-        executable = eager.executable_for(mlir, program.what, retry)
-    else:
-        try:
-            executable = eager.executable_for(mlir, program.what, target)
-        except NotCompilable:
+    """Lower and compile (through every cache layer); raises NotCompilable.
+    A graph lowered before (by this or another process) is not lowered again:
+    its executable's key is a plan on disk under the graph's identity."""
+    disk = disk_cache()
+    pid = None
+    if disk is not None:
+        with outside_program_modes():  # its constants are real tensors: not under Dynamo's fake mode
+            pid = plan_id(("torch.compile graph", program.identity(example_inputs)), *target)
+    executable = _from_plan(disk.get_plan(pid), program) if pid is not None else None
+    if executable is None:
+        mlir = program.lower(example_inputs)
+        if mlir is None:
+            return CompiledGraph(program, None)
+        backend, flags = target
+        retry = (backend, tuple(flags) + _RETRY_FLAGS)
+        if _stored(mlir, retry):  # an earlier run found that only the retry compiles
             executable = eager.executable_for(mlir, program.what, retry)
+        else:
+            try:
+                executable = eager.executable_for(mlir, program.what, target)
+            except NotCompilable:
+                executable = eager.executable_for(mlir, program.what, retry)
+        if pid is not None:
+            disk.put_plan(pid, {"kind": "torch.compile graph", "executable": executable.key})
     _load(executable, example_inputs, program)
     return CompiledGraph(program, executable)
+
+
+def _from_plan(record, program):
+    """The executable a stored plan names, from memory or disk; None if gone."""
+    if not record or record.get("kind") != "torch.compile graph":
+        return None
+    key = record.get("executable")
+    executable = executable_cache().get(key) if key else None
+    if executable is None and key:
+        vmfb = disk_cache().get_executable(key)
+        if vmfb is None:
+            return None
+        executable, _ = executable_cache().put(key, LoadedExecutable(vmfb, key, program.what), len(vmfb))
+    return executable
 
 
 def _load(executable, example_inputs, program) -> None:
