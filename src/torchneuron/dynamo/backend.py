@@ -22,7 +22,6 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from .. import config
 from ..compiler import target_flags
-from ..lowering import NotCompilable
 from . import stats
 from .graph_program import GraphProgram, compile_program
 
@@ -80,7 +79,7 @@ def _compile_graph(gm, example_inputs, *, kind, target, strict):
     try:
         program = GraphProgram(gm, example_inputs, kind)
         compiled = compile_program(program, example_inputs, target)
-    except NotCompilable as e:
+    except Exception as e:  # noqa: BLE001 - any failure to lower, compile or load: run the graph eagerly
         lines = _lines(gm)
         reason = _reason(str(e))
         message = (
