@@ -23,7 +23,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from .. import config
 from ..compiler import target_flags
 from . import stats
-from .graph_program import GraphProgram, compile_program
+from .graph_program import GraphProgram, compile_program, source_lines
 
 _OPTIONS = ("compiler_flags", "strict")
 
@@ -80,7 +80,7 @@ def _compile_graph(gm, example_inputs, *, kind, target, strict):
         program = GraphProgram(gm, example_inputs, kind)
         compiled = compile_program(program, example_inputs, target)
     except Exception as e:  # noqa: BLE001 - any failure to lower, compile or load: run the graph eagerly
-        lines = _lines(gm)
+        lines = source_lines(gm)
         reason = _reason(str(e))
         message = (
             f"neuron: a torch.compile {kind} graph ({_op_count(gm)} ops) could not be compiled ({reason}); "
@@ -110,9 +110,3 @@ def _reason(text: str) -> str:
 
 def _op_count(gm) -> int:
     return sum(1 for n in gm.graph.nodes if n.op == "call_function")
-
-
-def _lines(gm) -> list:
-    from .graph_program import _source_lines
-
-    return _source_lines(gm)

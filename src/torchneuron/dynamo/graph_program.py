@@ -96,7 +96,6 @@ class GraphProgram:
         self.write_back = _integer_updates_as_results(self.gm)
         self._outputs(self.gm)
         self.what = _describe(gm, kind)
-        self.source_lines = _source_lines(gm)
 
     def _outputs(self, gm) -> None:
         """How each graph output is produced: ("input", position), ("new",
@@ -432,7 +431,7 @@ def _describe(gm, kind) -> str:
     cache (`torchneuron cache list`, `explain`) and errors call it."""
     ops = [n for n in gm.graph.nodes if n.op == "call_function"]
     text = f"torch.compile {kind} graph ({len(ops)} ops)"
-    lines = _source_lines(gm)
+    lines = source_lines(gm)
     if lines:
         m = re.match(r'File "(?:.*/)?([^/"]+)", line (\d+)', lines[0])
         if m:
@@ -440,7 +439,7 @@ def _describe(gm, kind) -> str:
     return text
 
 
-def _source_lines(gm) -> list:
+def source_lines(gm) -> list:
     """The user's source lines the graph's ops came from, in order, once each."""
     lines = []
     for node in gm.graph.nodes:
