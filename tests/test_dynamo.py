@@ -231,6 +231,59 @@ def test_strict_setting_raises_instead_of_falling_back():
     assert any(isinstance(e, GraphCompileError) for e in chain)
 
 
+def test_executable_the_runtime_refuses_falls_back_with_right_results():
+    # 40 scalar updates: IREE forms one scalar dispatch with 80 bindings, which
+    # the local runtime refuses to load (limit 64), as on a compiled AdamW
+    # step over many parameters.
+    def bump(scalars):
+        for s in scalars:
+            s.mul_(0.5).add_(1.0)
+
+    torch.manual_seed(0)
+    cpu = [torch.randn(()) for _ in range(40)]
+    neuron = [t.to("neuron") for t in cpu]
+    with pytest.warns(RuntimeWarning) as caught:
+        torch.compile(bump, backend="neuron")(neuron)
+    ours = [str(w.message) for w in caught if "torch.compile" in str(w.message)]
+    assert len(ours) == 1 and "cannot load it" in ours[0] and "bindings" in ours[0]
+    bump(cpu)
+    for a, b in zip(neuron, cpu):
+        _close(a, b)
+
+
+def test_graph_that_data_tiling_fails_to_compile_compiles_without_it(monkeypatch):
+    # A large batched matmul feeding a broadcasting where: IREE 3.13's data
+    # tiling fails on it ("load_from_buffer op buffer and tensor shapes must
+    # be compatible"); the compile is retried without data tiling.
+    from torchneuron.compiler import data_tiling
+    from torchneuron.dispatch import eager
+
+    tried = []
+    compile_one = eager._executable_for
+
+    def spy(mlir, what, target, *rest):
+        if "torch.compile" in what:
+            tried.append(data_tiling.ON in target[1])
+        return compile_one(mlir, what, target, *rest)
+
+    monkeypatch.setattr(eager, "_executable_for", spy)
+
+    def scores(q, k, mask):
+        s = torch.bmm(q, k).view(2, 16, 256, 256) * 0.25
+        return torch.where(mask, s, torch.tensor(float("-inf"), device=s.device))
+
+    torch.manual_seed(0)
+    q, k = torch.randn(32, 256, 128), torch.randn(32, 128, 256)
+    mask = torch.ones(1, 1, 256, 256, dtype=torch.bool).tril()
+    before = dict(_dynamo_stats())
+    out = torch.compile(scores, backend="neuron")(q.to("neuron"), k.to("neuron"), mask.to("neuron"))
+    _close(out, scores(q, k, mask), tol=1e-4)
+    after = _dynamo_stats()
+    assert after.get("graphs_compiled", 0) == before.get("graphs_compiled", 0) + 1
+    assert after.get("graphs_fallback", 0) == before.get("graphs_fallback", 0)
+    assert tried == [True, False]  # tiled first (a matmul this large gains from it), then without
+
+
 def test_unknown_option_is_refused():
     with pytest.raises(Exception, match="unknown options"):
         torch.compile(lambda x: x + 1, backend="neuron", options={"no_such_option": 1})(torch.ones(2).to("neuron"))

@@ -19,7 +19,7 @@ from .. import config
 from ..cache import cache_key, executable_cache, layers
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
-from ..compiler import CompileError, compile_pool, target_flags
+from ..compiler import CompileError, compile_pool, data_tiling, target_flags
 from ..compiler.progress import progress
 from ..lowering import NeedsResize, NotCompilable, lower_call, signature_of
 from ..lowering.graph import promotable_scalars
@@ -98,7 +98,22 @@ def executable_for(mlir: str, what: str, target: tuple, submit=None, show_progre
     """The loaded executable of an MLIR module, through every cache layer
     (memory, disk, remote, compile service) and compiled only when none has
     it; every execution mode compiles through here. `submit` runs the compile
-    (a pool's submit; None: in this thread). Raises NotCompilable."""
+    (a pool's submit; None: in this thread). Data tiling is kept only for
+    modules with a large matmul, and a module it fails to compile is compiled
+    again without it (data_tiling.py). Raises NotCompilable."""
+    target = data_tiling.for_module(mlir, target)
+    untiled = data_tiling.without(target)
+    if untiled is not None and _stored(mlir, untiled):  # an earlier run found that only this compiles
+        target = untiled
+    try:
+        return _executable_for(mlir, what, target, submit, show_progress)
+    except NotCompilable:
+        if untiled is None or target is untiled:
+            raise
+    return _executable_for(mlir, what, untiled, submit, show_progress)
+
+
+def _executable_for(mlir, what, target, submit, show_progress):
     key = cache_key(mlir, *target)
 
     def compile_executable():
@@ -111,6 +126,14 @@ def executable_for(mlir: str, what: str, target: tuple, submit=None, show_progre
         return future.result()
     except CompileError as e:
         raise NotCompilable(str(e)) from None
+
+
+def _stored(mlir: str, target: tuple) -> bool:
+    key = cache_key(mlir, *target)
+    if key in executable_cache():
+        return True
+    disk = disk_cache()
+    return disk is not None and disk.has_executable(key)
 
 
 @contextlib.contextmanager

@@ -13,7 +13,6 @@ Options (torch.compile(..., options={...})):
 from __future__ import annotations
 
 import functools
-import threading
 import warnings
 
 import torch
@@ -21,7 +20,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from .. import config
-from ..compiler import target_flags
+from ..compiler import compile_pool, target_flags
 from . import stats
 from .graph_program import GraphProgram, compile_program, source_lines
 
@@ -43,13 +42,16 @@ def neuron(gm: torch.fx.GraphModule, example_inputs, *, options: dict | None = N
     strict = bool(options.get("strict", config.settings.compile_strict))
     stats.add("dynamo_graphs", 1)
     compile_graph = functools.partial(_compile_graph, target=target, strict=strict)
-    return aot_autograd(
-        fw_compiler=functools.partial(compile_graph, kind="forward"),
-        bw_compiler=functools.partial(compile_graph, kind="backward"),
-        inference_compiler=functools.partial(compile_graph, kind="inference"),
-        decompositions=_decompositions(),
-        keep_inference_input_mutations=True,
-    )(gm, example_inputs)
+    # The backward graph is handed over with the forward, not at the first
+    # backward call, so it lowers while the forward compiles in the pool.
+    with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+        return aot_autograd(
+            fw_compiler=functools.partial(compile_graph, kind="forward"),
+            bw_compiler=functools.partial(compile_graph, kind="backward"),
+            inference_compiler=functools.partial(compile_graph, kind="inference"),
+            decompositions=_decompositions(),
+            keep_inference_input_mutations=True,
+        )(gm, example_inputs)
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,30 +74,57 @@ def _decompositions() -> dict:
     return table
 
 
-_warned_lock = threading.Lock()
-
-
 def _compile_graph(gm, example_inputs, *, kind, target, strict):
     try:
         program = GraphProgram(gm, example_inputs, kind)
-        compiled = compile_program(program, example_inputs, target)
-    except Exception as e:  # noqa: BLE001 - any failure to lower, compile or load: run the graph eagerly
-        lines = source_lines(gm)
-        reason = _reason(str(e))
-        message = (
-            f"neuron: a torch.compile {kind} graph ({_op_count(gm)} ops) could not be compiled ({reason}); "
-            f"it runs in neuron eager mode instead."
-            + (f" Its source lines: {'; '.join(lines[:5])}" if lines else "")
-        )
-        stats.add("graphs_fallback", 1)
-        if strict:
-            raise GraphCompileError(message) from None
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
-        return make_boxed_func(gm)
-    stats.add("graphs_compiled", 1)
-    if program.dynamic:
-        stats.add("graphs_dynamic", 1)
-    return compiled
+        compiled = compile_program(program, example_inputs, target, compile_pool().submit)
+    except Exception as e:  # noqa: BLE001 - any failure to lower: run the graph eagerly
+        return _fall_back(gm, kind, e, strict)
+    return _FirstCallWaits(compiled, gm, kind, strict)
+
+
+class _FirstCallWaits:
+    """A graph whose compile runs in the pool: its first call waits for it
+    and, if the compile or the load failed, runs the graph in neuron eager
+    from then on (boxed calling convention, as AOTAutograd expects)."""
+
+    def __init__(self, compiled, gm, kind, strict):
+        self._boxed_call = True
+        self._compiled, self._gm, self._kind, self._strict = compiled, gm, kind, strict
+        self._run = self._first
+
+    def __call__(self, inputs):
+        return self._run(inputs)
+
+    def _first(self, inputs):
+        compiled = self._compiled
+        try:
+            compiled.ready()
+        except Exception as e:  # noqa: BLE001 - any failure to compile or load: run the graph eagerly
+            self._run = _fall_back(self._gm, self._kind, e, self._strict)
+        else:
+            stats.add("graphs_compiled", 1)
+            if compiled.program.dynamic:
+                stats.add("graphs_dynamic", 1)
+            self._run = compiled
+        self._compiled = None
+        return self._run(inputs)
+
+
+def _fall_back(gm, kind, error, strict):
+    """Neuron eager for a graph that did not compile: one warning naming the
+    reason and the graph's source lines, or GraphCompileError when strict."""
+    lines = source_lines(gm)
+    message = (
+        f"neuron: a torch.compile {kind} graph ({_op_count(gm)} ops) could not be compiled ({_reason(str(error))}); "
+        f"it runs in neuron eager mode instead."
+        + (f" Its source lines: {'; '.join(lines[:5])}" if lines else "")
+    )
+    stats.add("graphs_fallback", 1)
+    if strict:
+        raise GraphCompileError(message) from None
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    return make_boxed_func(gm)
 
 
 def _reason(text: str) -> str:

@@ -20,13 +20,14 @@ import functools
 import hashlib
 import operator
 import re
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import sympy
 import torch
 import torch.fx
 
-from ..cache import cache_key, executable_cache
+from ..cache import executable_cache
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
 from ..dispatch import eager
@@ -458,14 +459,29 @@ class CompiledGraph:
     """Runs a GraphProgram's executable on the device queue (boxed calling
     convention: one list of inputs)."""
 
-    def __init__(self, program: GraphProgram, executable):
+    def __init__(self, program: GraphProgram, pending: Future | None, index: int):
         # An instance attribute: wrappers (functools.wraps) copy __dict__.
         self._boxed_call = True
         self.program = program
-        self.executable = executable
-        self.largest = None
+        self.executable = None
+        self._pending = pending  # the compile; None: nothing to compile (the graph only forwards values)
+        self._index = index
+
+    def ready(self) -> None:
+        """Wait for the compile and load the executable; raises NotCompilable."""
+        if self._pending is None:
+            return
+        try:
+            executable = self._pending.result()
+        except NotCompilable:
+            raise
+        except Exception as e:  # noqa: BLE001 - the compile's own failure, reported as one
+            raise NotCompilable(f"{type(e).__name__}: {e}") from None
+        _load(executable, self._index)
+        self.executable, self._pending = executable, None
 
     def __call__(self, inputs):
+        self.ready()
         program = self.program
         inputs = list(inputs)
         tensors = [inputs[p] for p in program.tensor_inputs]
@@ -551,40 +567,48 @@ def _empty_result(spec, sizes, index):
     return torch.empty(shape, dtype=dtype)
 
 
-# Flags tried when a whole graph does not compile with the target's own:
-# IREE 3.13's data tiling fails on some large graphs ("load_from_buffer op
-# buffer and tensor shapes must be compatible", the demo GPT's forward) that
-# compile without it.
-_RETRY_FLAGS = ("--iree-opt-data-tiling=false",)
-
-
-def compile_program(program: GraphProgram, example_inputs, target: tuple) -> CompiledGraph:
-    """Lower and compile (through every cache layer); raises NotCompilable.
-    A graph lowered before (by this or another process) is not lowered again:
-    its executable's key is a plan on disk under the graph's identity."""
+def compile_program(program: GraphProgram, example_inputs, target: tuple, submit=None) -> CompiledGraph:
+    """Lower here, then compile (through every cache layer) through `submit`
+    (a pool's; None: here), so a backward graph lowers while its forward
+    compiles; the graph's first call waits for it (CompiledGraph.ready).
+    Raises NotCompilable for what fails to lower. A graph lowered before (by
+    this or another process) is not lowered again: its executable's key is a
+    plan on disk under the graph's identity."""
     disk = disk_cache()
     pid = None
     if disk is not None:
         with outside_program_modes():  # its constants are real tensors: not under Dynamo's fake mode
             pid = plan_id(("torch.compile graph", program.identity(example_inputs)), *target)
     executable = _from_plan(disk.get_plan(pid), program) if pid is not None else None
-    if executable is None:
-        mlir = program.lower(example_inputs)
-        if mlir is None:
-            return CompiledGraph(program, None)
-        backend, flags = target
-        retry = (backend, tuple(flags) + _RETRY_FLAGS)
-        if _stored(mlir, retry):  # an earlier run found that only the retry compiles
-            executable = eager.executable_for(mlir, program.what, retry)
-        else:
-            try:
-                executable = eager.executable_for(mlir, program.what, target)
-            except NotCompilable:
-                executable = eager.executable_for(mlir, program.what, retry)
+    index = _device_index([example_inputs[p] for p in program.tensor_inputs], program)
+    if executable is not None:
+        return CompiledGraph(program, _done(executable), index)
+    mlir = program.lower(example_inputs)
+    if mlir is None:
+        return CompiledGraph(program, None, index)
+
+    def compile_graph():
+        executable = eager.executable_for(mlir, program.what, target)
         if pid is not None:
             disk.put_plan(pid, {"kind": "torch.compile graph", "executable": executable.key})
-    _load(executable, example_inputs, program)
-    return CompiledGraph(program, executable)
+        return executable
+
+    return CompiledGraph(program, (submit or _now)(compile_graph), index)
+
+
+def _now(fn) -> Future:
+    future = Future()
+    try:
+        future.set_result(fn())
+    except BaseException as e:  # noqa: BLE001 - delivered at the first call, as a pool's would be
+        future.set_exception(e)
+    return future
+
+
+def _done(value) -> Future:
+    future = Future()
+    future.set_result(value)
+    return future
 
 
 def _from_plan(record, program):
@@ -601,27 +625,16 @@ def _from_plan(record, program):
     return executable
 
 
-def _load(executable, example_inputs, program) -> None:
-    """Load the executable on its device's queue now: the runtime refuses
-    some executables the compiler made (a dispatch with more than 64
-    bindings, as a compiled optimizer step over many parameters has), and
-    that must fall back here, not fail at the first call."""
-    tensors = [example_inputs[p] for p in program.tensor_inputs]
-    index = next((t.device.index or 0 for t in tensors if t.device.type == _NEURON), 0)
-    queue = device_queue(index)
+def _load(executable, index) -> None:
+    """Load the executable on its device's queue before the first launch:
+    the runtime refuses some executables the compiler made (a dispatch with
+    more than 64 bindings, as a compiled optimizer step over many parameters
+    has), and that must fall back, not fail inside the launch."""
     try:
-        for lane in queue.lanes():
+        for lane in device_queue(index).lanes():
             executable.entry(lane)
     except (RuntimeError, IndexError, ValueError) as e:
         raise NotCompilable(f"the runtime cannot load it: {str(e).splitlines()[0][:300]}") from None
-
-
-def _stored(mlir: str, target: tuple) -> bool:
-    key = cache_key(mlir, *target)
-    if key in executable_cache():
-        return True
-    disk = disk_cache()
-    return disk is not None and disk.has_executable(key)
 
 
 __all__ = ["CompiledGraph", "GraphProgram", "compile_program"]

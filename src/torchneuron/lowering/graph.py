@@ -11,6 +11,7 @@ IREE's importer turns into writes into the caller's buffers
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -42,6 +43,11 @@ _NOISY_LOGGERS = (
 )
 
 
+@functools.lru_cache(maxsize=1)
+def _devnull():
+    return open(os.devnull, "w")
+
+
 @contextlib.contextmanager
 def _quiet_torch_logs():
     """torch.export logs (and prints) failed guesses; a failed export is our
@@ -55,7 +61,11 @@ def _quiet_torch_logs():
         # process-wide; lowering in the background happens in the worker
         # process, lowering.worker, so only a program thread that is waiting
         # for this lowering anyway lowers here.)
-        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        # The sink stays open: a compile thread that reads sys.stderr meanwhile
+        # (iree's tools write the compiler's warnings there) must not meet a
+        # closed file.
+        sink = _devnull()
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
             yield
     finally:
         for lg, level in zip(loggers, levels):
