@@ -188,6 +188,96 @@ class _Block(torch.nn.Module):
         return torch.relu(self.linear(x)) * 2
 
 
+def _causal(score, b, h, q, kv):
+    return torch.where(q >= kv, score, -float("inf"))
+
+
+def _sliding_window(b, h, q, kv):
+    return (q >= kv) & (q - kv <= 40)
+
+
+class _FlexBlock(torch.nn.Module):
+    """A projection around attention: flex_attention with a causal score_mod
+    and a sliding-window block mask, or (block_mask None) the same masks as
+    one explicit scaled_dot_product_attention mask, the CPU reference (torch
+    2.13's flex_attention has no backward on CPU)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, q, k, v, block_mask=None):
+        from torch.nn.attention.flex_attention import flex_attention
+
+        if block_mask is None:
+            i = torch.arange(q.shape[-2], device=q.device)
+            mask = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] <= 40)
+            out = torch.nn.functional.scaled_dot_product_attention(self.proj(q), k, v, attn_mask=mask)
+        else:
+            out = flex_attention(self.proj(q), k, v, score_mod=_causal, block_mask=block_mask)
+        return self.proj(out)
+
+
+def test_flex_attention_with_score_mod_and_block_mask():
+    from torch._dynamo.utils import counters
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    counters.clear()
+    # 256 positions in blocks of 128: one block pair is skipped whole, the others are masked inside.
+    batch, heads, length, dim = 1, 2, 256, 16
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, length, dim) for _ in range(3))
+    block_mask = create_block_mask(_sliding_window, batch, heads, length, length, device="neuron")
+    assert block_mask.sparsity() > 0
+    cpu_mask = create_block_mask(_sliding_window, batch, heads, length, length, device="cpu")
+    before = dict(_dynamo_stats())
+
+    # Inference, against flex_attention on CPU.
+    compiled = torch.compile(flex_attention, backend="neuron")
+    out = compiled(q.to("neuron"), k.to("neuron"), v.to("neuron"), score_mod=_causal, block_mask=block_mask)
+    _close(out, flex_attention(q, k, v, score_mod=_causal, block_mask=cpu_mask), tol=1e-4)
+
+    # Training, against the same masks as an explicit SDPA mask on CPU.
+    cpu, neuron = _pair(lambda: _FlexBlock(dim))
+    q_cpu, q_neuron = q.clone().requires_grad_(), q.to("neuron").requires_grad_()
+    expected = cpu(q_cpu, k, v)
+    got = torch.compile(neuron, backend="neuron")(q_neuron, k.to("neuron"), v.to("neuron"), block_mask)
+    _close(got, expected, tol=1e-4)
+    expected.square().sum().backward()
+    got.square().sum().backward()
+    _close(q_neuron.grad, q_cpu.grad, tol=1e-4)
+    _close(neuron.proj.weight.grad, cpu.proj.weight.grad, tol=1e-4)
+
+    after = _dynamo_stats()
+    assert after.get("graphs_compiled", 0) - before.get("graphs_compiled", 0) == 3  # inference, forward, backward
+    assert after.get("graphs_fallback", 0) == before.get("graphs_fallback", 0)
+    assert not counters["graph_break"]
+
+
+@pytest.mark.parametrize("masking", ["causal", "explicit"])
+def test_scaled_dot_product_attention(masking):
+    def attend(q, k, v, mask):
+        if mask is None:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 24, 8, requires_grad=True) for _ in range(3))
+    mask = torch.randn(24, 24) > -0.5 if masking == "explicit" else None
+    neuron = [t.detach().to("neuron").requires_grad_() for t in (q, k, v)]
+    before = dict(_dynamo_stats())
+    got = torch.compile(attend, backend="neuron")(*neuron, None if mask is None else mask.to("neuron"))
+    expected = attend(q, k, v, mask)
+    _close(got, expected, tol=1e-4)
+    got.sum().backward()
+    expected.sum().backward()
+    for a, b in zip(neuron, (q, k, v)):
+        _close(a.grad, b.grad, tol=1e-4)
+    after = _dynamo_stats()
+    assert after.get("graphs_compiled", 0) - before.get("graphs_compiled", 0) == 2
+    assert after.get("graphs_fallback", 0) == before.get("graphs_fallback", 0)
+
+
 def test_default_backend_then_module_compile():
     cpu, neuron = _pair(_Block)
     torch.compiler.set_default_backend("neuron")

@@ -124,7 +124,27 @@ def _fall_back(gm, kind, error, strict):
     if strict:
         raise GraphCompileError(message) from None
     warnings.warn(message, RuntimeWarning, stacklevel=3)
-    return make_boxed_func(gm)
+    return make_boxed_func(_views_as_reshapes(gm))
+
+
+def _views_as_reshapes(gm):
+    """The graph with its views as reshapes, to run in eager mode. AOTAutograd
+    traced it on fake tensors whose strides follow CPU kernels, so it views
+    wherever those strides allow; a neuron result may be laid out otherwise
+    (compiled graphs and eager ops return contiguous results), and a view of
+    it would fail ("view size is not compatible with input tensor's size and
+    stride"). The graph is functional, so a copy where a view cannot be is
+    the same program."""
+    aten = torch.ops.aten
+    views = (aten.view.default, aten._unsafe_view.default)
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in views:
+            node.target = aten.reshape.default
+            changed = True
+    if changed:
+        gm.recompile()
+    return gm
 
 
 def _reason(text: str) -> str:

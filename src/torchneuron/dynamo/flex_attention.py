@@ -26,5 +26,10 @@ def allow_neuron() -> None:
             return None
         return original(query, key, value)
 
+    # Traced by Dynamo, not skipped with the rest of torchneuron's internals:
+    # a skipped call would break the user's graph at every flex_attention.
+    import torch._dynamo
+
+    validate_device = torch._dynamo.dont_skip_tracing(validate_device)
     validate_device._neuron_allowed = True
     module._validate_device = validate_device

@@ -276,6 +276,12 @@ def _on_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     output = graph.graph_copy(gm.graph, {})
     graph.output(output)
     gm = torch.fx.GraphModule(gm, graph)
+    for module in [gm, *(m for m in gm.modules() if m is not gm and isinstance(m, torch.fx.GraphModule))]:
+        _factories_on_cpu(module)  # subgraphs too: FlexAttention's score_mod and mask_mod
+    return gm
+
+
+def _factories_on_cpu(gm: torch.fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         if node.op == "get_attr":  # a tensor constant (torch.tensor(...) in the program)
             value = _attribute(gm, node.target)
@@ -289,8 +295,36 @@ def _on_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             node.kwargs = {**node.kwargs, "device": _CPU}
         if node.target is torch.ops.aten._to_copy.default and "device" in node.kwargs:
             node.kwargs = {k: v for k, v in node.kwargs.items() if k != "device"}
+        dense = _dense_attention().get(node.target)
+        if dense is not None:
+            node.target = dense
     gm.recompile()
-    return gm
+
+
+@functools.lru_cache(maxsize=1)
+def _dense_attention() -> dict:
+    """FlexAttention's operators -> their math implementations (scores
+    materialized, score_mod and mask applied with vmap, as PyTorch runs them
+    on CPU), which export traces into ATen ops the lowering compiles whole;
+    the operators themselves do not lower (torch-mlir cannot legalize them)."""
+    flex = _flex_module()
+    return {flex.flex_attention: dense_flex_attention, flex.flex_attention_backward: dense_flex_attention_backward}
+
+
+def _flex_module():
+    import importlib
+
+    return importlib.import_module("torch._higher_order_ops.flex_attention")  # the package exports the HOP by this name
+
+
+# Module-level functions, so that the graph's generated code names them here
+# (the math implementations' own module path resolves to the operator).
+def dense_flex_attention(*args):
+    return _flex_module().sdpa_dense(*args)
+
+
+def dense_flex_attention_backward(*args):
+    return _flex_module().sdpa_dense_backward(*args)
 
 
 def _attribute(module, target: str):
