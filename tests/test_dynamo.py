@@ -374,6 +374,21 @@ def test_graph_that_data_tiling_fails_to_compile_compiles_without_it(monkeypatch
     assert tried == [True, False]  # tiled first (a matmul this large gains from it), then without
 
 
+def test_recompile_storm_is_reported():
+    def fn(x):
+        return x * 2 + 1
+
+    compiled = torch.compile(fn, backend="neuron", dynamic=False)
+    before = _dynamo_stats().get("recompiles", 0)
+    with torch._dynamo.config.patch(recompile_limit=3), pytest.warns(RuntimeWarning) as caught:
+        for n in range(2, 8):  # a new static shape each call
+            x = torch.randn(n)
+            _close(compiled(x.to("neuron")), fn(x))
+    ours = [str(w.message) for w in caught if "recompile limit" in str(w.message)]
+    assert len(ours) == 1 and "3 times" in ours[0]
+    assert _dynamo_stats().get("recompiles", 0) - before == 2  # compiles 2 and 3; later calls run eagerly
+
+
 def test_unknown_option_is_refused():
     with pytest.raises(Exception, match="unknown options"):
         torch.compile(lambda x: x + 1, backend="neuron", options={"no_such_option": 1})(torch.ones(2).to("neuron"))

@@ -41,6 +41,7 @@ def neuron(gm: torch.fx.GraphModule, example_inputs, *, options: dict | None = N
     target = (backend, tuple(flags) + tuple(options.get("compiler_flags", ())))
     strict = bool(options.get("strict", config.settings.compile_strict))
     stats.add("dynamo_graphs", 1)
+    _note_recompile(gm)
     compile_graph = functools.partial(_compile_graph, target=target, strict=strict)
     # The backward graph is handed over with the forward, not at the first
     # backward call, so it lowers while the forward compiles in the pool.
@@ -52,6 +53,28 @@ def neuron(gm: torch.fx.GraphModule, example_inputs, *, options: dict | None = N
             decompositions=_decompositions(),
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
+
+
+def _note_recompile(gm) -> None:
+    """Count recompiles of a frame, and warn when one reaches torch's
+    recompile limit: on a compile-first device each recompile costs a
+    compile, and past the limit Dynamo runs the frame in eager mode."""
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    count = getattr(compile_id, "frame_compile_id", None) or 0
+    if count == 0:
+        return
+    stats.add("recompiles", 1)
+    limit = torch._dynamo.config.recompile_limit
+    if count + 1 == limit:
+        lines = source_lines(gm)
+        warnings.warn(
+            f"neuron: torch.compile has compiled the same frame {limit} times, torch's recompile limit "
+            f"(torch._dynamo.config.recompile_limit); later calls that need another compile run in neuron "
+            f"eager mode. A size that changes between calls can be marked dynamic "
+            f"(torch._dynamo.mark_dynamic, or torch.compile(dynamic=True)); TORCH_LOGS=recompiles lists "
+            f"the reasons." + (f" The frame's source lines: {'; '.join(lines[:3])}" if lines else ""),
+            RuntimeWarning, stacklevel=2,
+        )
 
 
 @functools.lru_cache(maxsize=None)
