@@ -39,3 +39,31 @@ def test_small_matmuls_compile_without_data_tiling_large_ones_with_it():
     large = _mlir(torch.mm, torch.randn(1024, 1024), torch.randn(1024, 1024))
     assert data_tiling.for_module(large, target) == target
     assert data_tiling.without(data_tiling.without(target)) is None
+
+
+def test_a_module_data_tiling_fails_on_is_compiled_without_it_and_remembered(monkeypatch):
+    # A large batched matmul feeding a broadcasting where: IREE 3.13's data
+    # tiling fails to compile it ("load_from_buffer op buffer and tensor shapes
+    # must be compatible"). The first request tries with it and then without;
+    # a later request goes straight to the executable that compiled.
+    from torchneuron.dispatch import eager
+
+    def scores(q, k, mask):
+        s = torch.bmm(q, k).view(2, 16, 256, 256) * 0.375
+        return torch.where(mask, s, torch.tensor(float("-inf")))
+
+    mlir = _mlir(scores, torch.randn(32, 256, 128), torch.randn(32, 128, 256),
+                 torch.ones(1, 1, 256, 256, dtype=torch.bool))
+    tried = []
+    compile_one = eager._executable_for
+
+    def spy(mlir, what, target, *rest):
+        tried.append(data_tiling.ON in target[1])
+        return compile_one(mlir, what, target, *rest)
+
+    monkeypatch.setattr(eager, "_executable_for", spy)
+    first = eager.executable_for(mlir, "attention scores", target_flags())
+    assert tried == [True, False]
+    tried.clear()
+    again = eager.executable_for(mlir, "attention scores", target_flags())
+    assert tried == [False] and again.key == first.key
