@@ -502,15 +502,11 @@ class CompiledGraph:
         self._index = index
 
     def ready(self) -> None:
-        """Wait for the compile and load the executable; raises NotCompilable."""
+        """Wait for the compile and load the executable; raises what the
+        compile raised, or NotCompilable when the runtime refuses it."""
         if self._pending is None:
             return
-        try:
-            executable = self._pending.result()
-        except NotCompilable:
-            raise
-        except Exception as e:  # noqa: BLE001 - the compile's own failure, reported as one
-            raise NotCompilable(f"{type(e).__name__}: {e}") from None
+        executable = self._pending.result()
         _load(executable, self._index)
         self.executable, self._pending = executable, None
 
@@ -601,9 +597,9 @@ def _empty_result(spec, sizes, index):
     return torch.empty(shape, dtype=dtype)
 
 
-def compile_program(program: GraphProgram, example_inputs, target: tuple, submit=None) -> CompiledGraph:
+def compile_program(program: GraphProgram, example_inputs, target: tuple, submit) -> CompiledGraph:
     """Lower here, then compile (through every cache layer) through `submit`
-    (a pool's; None: here), so a backward graph lowers while its forward
+    (a pool's), so a backward graph lowers while its forward
     compiles; the graph's first call waits for it (CompiledGraph.ready).
     Raises NotCompilable for what fails to lower. A graph lowered before (by
     this or another process) is not lowered again: its executable's key is a
@@ -627,16 +623,7 @@ def compile_program(program: GraphProgram, example_inputs, target: tuple, submit
             disk.put_plan(pid, {"kind": "torch.compile graph", "executable": executable.key})
         return executable
 
-    return CompiledGraph(program, (submit or _now)(compile_graph), index)
-
-
-def _now(fn) -> Future:
-    future = Future()
-    try:
-        future.set_result(fn())
-    except BaseException as e:  # noqa: BLE001 - delivered at the first call, as a pool's would be
-        future.set_exception(e)
-    return future
+    return CompiledGraph(program, submit(compile_graph), index)
 
 
 def _done(value) -> Future:
