@@ -12,6 +12,11 @@ else:
     os.environ["TORCHNEURON_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchneuron-test-cache-")
     _SESSION_CACHE = os.environ["TORCHNEURON_CACHE_DIR"]
 os.environ.pop("TORCHNEURON_COMPILE_SERVICE", None)
+# The op-mode suite tests compiled executables: each op waits for its build
+# instead of running on the host meanwhile, here and in the processes tests
+# start (tests of that tier, and of adaptive eager, turn it back off).
+if os.environ.get("TORCHNEURON_EAGER_MODE", "op") == "op":
+    os.environ.setdefault("TORCHNEURON_COMPILE_WAIT", "1")
 os.environ.pop("TORCHNEURON_REMOTE_CACHE", None)
 
 import pytest  # noqa: E402
@@ -37,10 +42,12 @@ def pytest_configure(config):
 def _fresh_settings(request):
     """Each test starts with the default fallback policy and no memory limit,
     in the suite's eager mode (TORCHNEURON_EAGER_MODE), or op mode for tests
-    marked op_mode."""
+    marked op_mode; in op mode, compiles are waited for."""
     saved = torchneuron.config.as_dict()
     if request.node.get_closest_marker("op_mode") is not None:
         torchneuron.set_eager_mode("op")
+    if torchneuron.get_eager_mode() == "op":
+        torchneuron.config.set(compile_wait=True)  # as above
     yield
     torch.neuron.synchronize()
     torchneuron.config.set(

@@ -16,6 +16,7 @@ from torchneuron.runtime import NeuronAsyncError
 
 @pytest.fixture
 def adaptive():
+    torchneuron.config.set(compile_wait=False)  # the suite's op mode waits; adaptive never does
     with torchneuron.eager_mode("adaptive"):
         yield
     torchneuron.reset_stats()

@@ -67,12 +67,23 @@ def _demo(args) -> int:
     return demo.main(["--steps", str(args.steps)])
 
 
+def _wait_for_compiles() -> None:
+    """Evaluations compare compiled results: each op waits for its build
+    instead of running on the host meanwhile (here and in the workers they
+    start), unless TORCHNEURON_COMPILE_WAIT says otherwise."""
+    import torchneuron
+
+    os.environ.setdefault("TORCHNEURON_COMPILE_WAIT", "1")
+    torchneuron.config.set(compile_wait=os.environ["TORCHNEURON_COMPILE_WAIT"] != "0")
+
+
 def _conformance(args) -> int:
     import shlex
 
     import torchneuron
     from torchneuron.eval import conformance
 
+    _wait_for_compiles()
     ops = conformance.CI_OPS if args.ci else args.ops
     results = conformance.run(
         ops=ops, dtypes=args.dtypes, max_samples=args.max_samples, json_path=args.json, resume=args.resume
@@ -149,6 +160,7 @@ def _registry(args) -> int:
 def _eval(args) -> int:
     from torchneuron.eval import stages
 
+    _wait_for_compiles()
     return stages.run(args)
 
 

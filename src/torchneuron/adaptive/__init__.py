@@ -9,9 +9,10 @@ manager `torchneuron.eager_mode(...)` or TORCHNEURON_EAGER_MODE.
 from __future__ import annotations
 
 import contextlib
+import time
 
 from .. import config
-from ..dispatch import entry
+from ..dispatch import eager, entry
 from ..runtime import queue
 from . import executor, recorder, stats
 
@@ -51,10 +52,14 @@ def eager_mode(mode: str):
 
 
 def wait_for_compiles(timeout: float | None = None) -> bool:
-    """Cut pending graphs and wait until every fused graph met so far is built
-    (or known to fail), so later occurrences run fused; False on timeout."""
+    """Cut pending graphs and wait until every fused graph and every op
+    executable met so far is built (or known to fail), so later occurrences
+    run compiled; False on timeout."""
     recorder.flush(None, "wait for compiles")
-    return executor.wait_for_builds(timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if not eager.wait_for_builds(timeout):
+        return False
+    return executor.wait_for_builds(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
 
 def _before_sync(index, reason) -> None:

@@ -18,11 +18,9 @@ TORCHNEURON_COMPILE_WAIT=1 waits for every build instead.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -31,6 +29,7 @@ from ..cache import executable_cache, layers
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
 from ..compiler import target_flags
+from ..compiler.pool import background_pool
 from ..dispatch import eager, host_fallback
 from ..dispatch import stats as op_stats
 from ..lowering import NotCompilable
@@ -77,26 +76,15 @@ _builder = None
 _builder_lock = threading.Lock()
 
 
-def _build_pool() -> ThreadPoolExecutor:
+def _build_pool():
     """One background thread builds fused graphs: it has them lowered in the
     worker process (lowering.worker) and compiles them, at a lower scheduling
-    priority than the program (compiles it starts inherit it)."""
+    priority than the program."""
     global _builder
     with _builder_lock:
         if _builder is None:
-            _builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neuron-adaptive-build",
-                                          initializer=_lower_priority)
-            # At exit, builds not started are dropped (the one running finishes
-            # and lands in the cache for the next run).
-            threading._register_atexit(_builder.shutdown, wait=False, cancel_futures=True)
+            _builder = background_pool("neuron-adaptive-build", 1)
         return _builder
-
-
-def _lower_priority() -> None:
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (OSError, AttributeError):
-        pass
 
 
 def cut(graph, reason: str) -> None:
@@ -398,7 +386,7 @@ def _run_one(r, rec, args, kwargs, outs, device, allow_compile) -> None:
             found = eager.plan_for(r.op, r.info, args, kwargs)
         else:
             found = eager.ready_plan(r.op, r.info, args, kwargs)
-    except NotCompilable:
+    except (NotCompilable, eager.Compiling):
         found = None
     if found is not None and type(found[0]) is eager.Plan and found[0].executable is not None:
         plan, sig = found

@@ -19,6 +19,27 @@ class CompilePool:
         return self._executor.submit(fn, *args)
 
 
+def background_pool(name: str, workers: int) -> ThreadPoolExecutor:
+    """A pool for work the program must not wait for or be slowed by:
+    its threads run at a lower scheduling priority (compiles they start
+    inherit it), and at exit the work not started yet is dropped (what is
+    running finishes and lands in the caches for the next run)."""
+    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix=name, initializer=_lower_priority)
+    threading._register_atexit(pool.shutdown, wait=False, cancel_futures=True)
+    return pool
+
+
+def _lower_priority() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (OSError, AttributeError):
+        pass
+
+
+def default_workers() -> int:
+    return config.settings.compile_workers or max(1, os.cpu_count() or 1)
+
+
 _pool = None
 _lock = threading.Lock()
 
@@ -26,7 +47,7 @@ _lock = threading.Lock()
 def compile_pool() -> CompilePool:
     global _pool
     with _lock:
-        workers = config.settings.compile_workers or max(1, os.cpu_count() or 1)
+        workers = default_workers()
         if _pool is None or _pool.workers != workers:
             _pool = CompilePool(workers)
         return _pool

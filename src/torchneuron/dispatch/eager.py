@@ -4,13 +4,22 @@ signature (cheap, every call) -> plan (lowered once per signature) ->
 executable (compiled once per MLIR key, in memory) -> async launch on the
 device queue. Results are new device tensors the executable writes in place,
 or the arguments it wrote to.
+
+Never stall: a signature no cache layer has a plan for is built in the
+background (lowered in the lowering worker process, compiled at low
+priority), and until it lands its calls raise Compiling, which the entry
+point answers with the host path (PyTorch's kernels on the same memory).
+TORCHNEURON_COMPILE_WAIT=1, or the fallback policy "error" (which must know
+the verdict before the op runs), builds in line instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import threading
+import time
 from collections import OrderedDict
 
 import torch
@@ -20,10 +29,12 @@ from ..cache import cache_key, executable_cache, layers
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
 from ..compiler import CompileError, compile_pool, data_tiling, target_flags
+from ..compiler.pool import background_pool, default_workers
 from ..compiler.progress import progress
 from ..lowering import NeedsResize, NotCompilable, lower_call, signature_of
 from ..lowering.graph import promotable_scalars
 from ..lowering.call import baked_ops
+from ..lowering.worker import lower_call_elsewhere
 from ..runtime import LoadedExecutable, device_queue
 from . import cached_launch, stats, warm_start
 from .cached_launch import assemble, new_output
@@ -50,6 +61,20 @@ class _ResizeFirst:
         self.shapes = shapes
 
 
+class Compiling(Exception):
+    """This call's executable is still being built in the background: run it
+    another way now (the host path)."""
+
+
+class _Building:
+    """A signature whose plan is being built in the background."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future):
+        self.future = future
+
+
 class _Rejected:
     """A signature the compiler (or lowering) said no to: not retried."""
 
@@ -64,9 +89,9 @@ _plans_lock = threading.Lock()
 _MAX_PLANS = 16384
 
 
-def _build_plan(op, info, sig, target):
+def _build_plan(op, info, sig, target, lower):
     try:
-        return _compile_plan(op, info, sig, target, promote_scalars=False)
+        return _compile_plan(op, info, sig, target, lower, promote_scalars=False)
     except NotCompilable as e:
         if not promotable_scalars(sig):
             raise
@@ -74,14 +99,14 @@ def _build_plan(op, info, sig, target):
     # All-0-dim calls the compiler rejects (reductions, some elementwise ops)
     # compile as 1-element calls.
     try:
-        return _compile_plan(op, info, sig, target, promote_scalars=True)
+        return _compile_plan(op, info, sig, target, lower, promote_scalars=True)
     except NotCompilable:
         raise first from None
 
 
-def _compile_plan(op, info, sig, target, promote_scalars):
+def _compile_plan(op, info, sig, target, lower, promote_scalars):
     try:
-        lowered = lower_call(op, info, sig, promote_scalars)
+        lowered = lower(op, info, sig, promote_scalars)
     except NotCompilable:
         if (sig.floats or sig.ints) and info.name not in baked_ops:
             # The decomposition needs the scalar values: key them as constants.
@@ -90,7 +115,9 @@ def _compile_plan(op, info, sig, target, promote_scalars):
         raise
     if lowered.mlir is None:
         return Plan(None, lowered.out_specs, None, lowered.returns, lowered.what)
-    executable = executable_for(lowered.mlir, lowered.what, target, compile_pool().submit)
+    # In the background the compile runs in the builder's (low priority) thread.
+    submit = None if lower is lower_call_elsewhere else compile_pool().submit
+    executable = executable_for(lowered.mlir, lowered.what, target, submit)
     return Plan(executable, lowered.out_specs, lowered.flag, lowered.returns, lowered.what)
 
 
@@ -202,25 +229,45 @@ def _plan_of(record, info, disk):
 
 
 def _new_plan(op, info, sig):
+    """The plan a cache layer has for this signature, else one built here
+    (compile_wait) or a _Building whose plan lands later."""
     target = target_flags()
     disk = disk_cache()
     pid = plan_id(sig.key, *target) if disk is not None else None
+    if pid is not None:
+        warm_start.record(pid)
+        plan = warm_start.take(pid)
+        if type(plan) is _Bake:
+            plan = None
+        if plan is None:
+            plan = _plan_of(disk.get_plan(pid), info, disk)
+        if plan is not None:
+            return plan
+    if _builds_in_line():
+        started = time.perf_counter()
+        try:
+            return _build_or_read(op, info, sig, target, disk, pid, lower_call)
+        finally:
+            stats.add_build("in_line", time.perf_counter() - started)
+    detached = dataclasses.replace(sig, tensors=[])  # the build must not keep the caller's tensors
+    stats.add_build("background")
+    return _Building(_builder().submit(_build_or_read, op, info, detached, target, disk, pid, lower_call_elsewhere))
+
+
+def _builds_in_line() -> bool:
+    settings = config.settings
+    return settings.compile_wait or settings.fallback == "error"
+
+
+def _build_or_read(op, info, sig, target, disk, pid, lower):
     if pid is None:
-        return _build_or_reject(op, info, sig, target)
-    warm_start.record(pid)
-    plan = warm_start.take(pid)
-    if type(plan) is _Bake:
-        plan = None
-    if plan is None:
-        plan = _plan_of(disk.get_plan(pid), info, disk)
-    if plan is not None:
-        return plan
+        return _build_or_reject(op, info, sig, target, lower)
     # One process per signature per host lowers it; the others wait and read.
     with disk.lock("plan-" + pid):
         plan = _plan_of(disk.get_plan(pid), info, disk)
         if plan is None:
             try:
-                plan = _build_or_reject(op, info, sig, target)
+                plan = _build_or_reject(op, info, sig, target, lower)
             except _Retry:
                 disk.put_plan(pid, {"kind": "bake"})
                 raise
@@ -229,15 +276,66 @@ def _new_plan(op, info, sig):
     return plan
 
 
+_op_builder = None
+_op_builder_lock = threading.Lock()
+
+
+def _builder():
+    global _op_builder
+    with _op_builder_lock:
+        if _op_builder is None:
+            # One thread lowers (the worker takes one request at a time) while
+            # the others compile what it lowered.
+            _op_builder = background_pool("neuron-op-build", default_workers())
+        return _op_builder
+
+
+def _landed(key, building):
+    """The plan a background build produced (stored in place of `building`);
+    raises Compiling while it runs; None: build again (scalars now baked)."""
+    future = building.future
+    if not future.done():
+        raise Compiling()
+    try:
+        plan = future.result()
+    except NeedsResize as e:
+        plan = _ResizeFirst(e.shapes)
+    except _Retry:
+        plan = None
+    except Exception as e:  # noqa: BLE001 - a build that broke: the op is not compiled
+        plan = _Rejected(f"the background build failed: {type(e).__name__}: {e}"[:500])
+    with _plans_lock:
+        if plan is None:
+            _plans.pop(key, None)
+        else:
+            _plans[key] = plan
+    return plan
+
+
+def wait_for_builds(timeout: float | None = None) -> bool:
+    """Wait until every background op build started so far has landed; False on timeout."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with _plans_lock:
+        pending = [p.future for p in _plans.values() if type(p) is _Building]
+    for future in pending:
+        try:
+            future.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            return False
+        except Exception:  # noqa: BLE001 - a failed build is landed too
+            pass
+    return True
+
+
 def _deterministic(plan) -> bool:
     """Whether a verdict holds for every process: a compiler that crashed
     (killed, out of memory or disk) says nothing about the op."""
     return type(plan) is not _Rejected or "Error code: -" not in plan.reason
 
 
-def _build_or_reject(op, info, sig, target):
+def _build_or_reject(op, info, sig, target, lower):
     try:
-        return _build_plan(op, info, sig, target)
+        return _build_plan(op, info, sig, target, lower)
     except NeedsResize:
         raise
     except NotCompilable as e:
@@ -245,9 +343,14 @@ def _build_or_reject(op, info, sig, target):
 
 
 def plan_for(op, info, args, kwargs):
-    """(plan, signature); raises NotCompilable when this call cannot be compiled."""
+    """(plan, signature); raises NotCompilable when this call cannot be
+    compiled, Compiling while its plan is built in the background."""
     sig = signature_of(op, info, args, kwargs)
     plan = _plans.get(sig.key)
+    if type(plan) is _Building:
+        plan = _landed(sig.key, plan)
+        if plan is None:
+            return plan_for(op, info, args, kwargs)
     if plan is None:
         try:
             plan = _new_plan(op, info, sig)
@@ -261,6 +364,8 @@ def plan_for(op, info, args, kwargs):
                 _plans.popitem(last=False)
     if type(plan) is _Rejected:
         raise NotCompilable(plan.reason)
+    if type(plan) is _Building:
+        raise Compiling()
     return plan, sig
 
 

@@ -138,6 +138,8 @@ def dispatch(op, *args, **kwargs):
                 return result
         try:
             return eager.run(op, info, args, kwargs, device, remember=True)
+        except eager.Compiling:
+            return run_while_compiling(op, info, args, kwargs, device)
         except NotCompilable as e:
             reason = str(e)
             stats.fallback_reasons.setdefault(info.name, reason)
@@ -213,7 +215,7 @@ def _transfer(op, info, args, kwargs, device):
             try:
                 eager.run(_COPY, op_info(_COPY), (dst, src), {}, device)
                 return dst
-            except NotCompilable:
+            except (NotCompilable, eager.Compiling):
                 pass
     runtime.synchronize_all()
     stats.record(stats.transfers, info.name)
@@ -238,17 +240,41 @@ def _crosses_devices(args, kwargs, device) -> bool:
 _COMPOSITE_SLOT = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
+def run_while_compiling(op, info, args, kwargs, device):
+    """An op whose executable is being built: run it now without it. Not a
+    fallback (no policy applies: it will be compiled)."""
+    stats.record(stats.host_while_compiling, info.name)
+    # Ops with only a generic kernel run it on the host too: broken into
+    # device ops, each piece would be a signature of its own to build.
+    if not info.host_kernel:
+        return _by_decomposition(op, info, args, kwargs, "its executable is still compiling")
+    return _on_host(op, info, args, kwargs, device)
+
+
+def _by_decomposition(op, info, args, kwargs, reason):
+    decomposition = _decomposition_of(op)
+    if decomposition is None:
+        raise NotImplementedError(f"neuron: {info.name} has no kernel on the host and {reason}")
+    stats.record(stats.decomposed, info.name)
+    return decomposition(*args, **kwargs)
+
+
+def _on_host(op, info, args, kwargs, device):
+    runtime.synchronize_all()
+    result = host_fallback.run(op, info, args, kwargs, device)
+    if config.settings.check_memory:
+        from ..runtime import memory_guards
+        from ..runtime.errors import user_source_line
+
+        memory_guards.verify(f"{info.name} (on the host fallback)", user_source_line())
+    return result
+
+
 def _run_on_host(op, info, args, kwargs, device, reason):
     if not info.host_kernel:
         # Ops PyTorch sends accelerators only (the fused RNN cells): CPU has no
         # kernel, so they run as their decomposition into smaller neuron ops.
-        decomposition = _decomposition_of(op)
-        if decomposition is None:
-            raise NotImplementedError(
-                f"neuron: {info.name} has no kernel on the host and the compiler declined it ({reason})"
-            )
-        stats.record(stats.decomposed, info.name)
-        return decomposition(*args, **kwargs)
+        return _by_decomposition(op, info, args, kwargs, f"the compiler declined it ({reason})")
     policy = config.settings.fallback
     if policy == "error":
         raise FallbackError(
@@ -259,14 +285,7 @@ def _run_on_host(op, info, args, kwargs, device, reason):
         _warned.add(info.name)
         warnings.warn(f"torchneuron: {info.name} runs on the host fallback: {reason}", stacklevel=3)
     stats.record(stats.host_fallback, info.name)
-    runtime.synchronize_all()
-    result = host_fallback.run(op, info, args, kwargs, device)
-    if config.settings.check_memory:
-        from ..runtime import memory_guards
-        from ..runtime.errors import user_source_line
-
-        memory_guards.verify(f"{info.name} (on the host fallback)", user_source_line())
-    return result
+    return _on_host(op, info, args, kwargs, device)
 
 
 def _decomposition_of(op):

@@ -194,11 +194,12 @@ def with_ops_named(spec: GraphSpec) -> GraphSpec:
 
 
 def with_ops_resolved(spec: GraphSpec) -> GraphSpec:
-    return spec._replace(ops=tuple(op._replace(op=_resolve(op.op)) if isinstance(op.op, str) else op
+    return spec._replace(ops=tuple(op._replace(op=resolve_op(op.op)) if isinstance(op.op, str) else op
                                    for op in spec.ops))
 
 
-def _resolve(name: str):
+def resolve_op(name: str):
+    """An OpOverload from its str() ("aten.add.Tensor")."""
     namespace, op, overload = name.split(".")
     return getattr(getattr(getattr(torch.ops, namespace), op), overload)
 
