@@ -20,6 +20,10 @@ from report import command_line, machine, time_interleaved, write_section  # noq
 
 import torchneuron  # noqa: E402
 
+# Steady per-op figures: each op waits for its executable instead of running
+# on the host while it builds.
+torchneuron.config.set(compile_wait=True)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
