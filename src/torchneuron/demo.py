@@ -48,6 +48,7 @@ def main(argv=None) -> int:
         setup.append(now - last[0])
         last[0] = now
 
+    started = time.perf_counter()
     losses = train_gpt(args.device, args.steps, cfg=cfg, on_step=on_step, on_ready=on_ready)
     torch.neuron.synchronize()
     stats = torchneuron.execution_stats()
@@ -87,6 +88,22 @@ def main(argv=None) -> int:
         print(f"adaptive compile seconds : {a['compile_seconds_hidden']:.1f} s in the background, "
               f"{a['compile_seconds_exposed']:.1f} s waited; "
               f"{a['bytes_not_written'] / 2**20:.1f} MiB of dead results not written")
+    if args.device == "neuron":
+        print(f"ops on host while compiling: {stats['ops_on_host_while_compiling']} "
+              f"({stats['op_builds_in_background']} op builds in the background, {stats['op_builds_in_line']} "
+              f"in line, {stats['op_compile_seconds_waited']:.1f} s waited)")
+        if stats["op_builds_in_background"]:
+            # The steps above ran partly on the host path while executables
+            # built; show the speed once they have all landed.
+            torchneuron.wait_for_compiles()
+            landed = time.perf_counter() - started
+            after = []
+            last[0] = time.perf_counter()
+            train_gpt(args.device, 10, cfg=cfg,
+                      on_step=lambda step, loss: (after.append(time.perf_counter() - last[0]),
+                                                  last.__setitem__(0, time.perf_counter())))
+            print(f"every compile landed     : {landed:.1f} s after training began; then a steady step "
+                  f"took {statistics.median(after[5:]) * 1000:.1f} ms")
     top = sorted(fallback.items(), key=lambda kv: -kv[1])[:8]
     print("top host-fallback ops   : " + ", ".join(f"{k} x{v}" for k, v in top))
     print("=" * 64)
