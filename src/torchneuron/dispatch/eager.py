@@ -33,7 +33,7 @@ from ..compiler.pool import background_pool, default_workers
 from ..compiler.progress import progress
 from ..lowering import NeedsResize, NotCompilable, lower_call, signature_of
 from ..lowering.graph import promotable_scalars
-from ..lowering.call import baked_ops
+from ..lowering.call import FRef, IRef, Seq, baked_ops
 from ..lowering.worker import lower_call_elsewhere
 from ..runtime import LoadedExecutable, device_queue
 from . import cached_launch, stats, warm_start
@@ -251,12 +251,47 @@ def _new_plan(op, info, sig):
             stats.add_build("in_line", time.perf_counter() - started)
     detached = dataclasses.replace(sig, tensors=[])  # the build must not keep the caller's tensors
     stats.add_build("background")
-    return _Building(_builder().submit(_build_or_read, op, info, detached, target, disk, pid, lower_call_elsewhere))
+    return _Building(_builder().submit(_build_in_background, op, info, detached, target, disk, pid))
 
 
 def _builds_in_line() -> bool:
     settings = config.settings
     return settings.compile_wait or settings.fallback == "error"
+
+
+def _build_in_background(op, info, sig, target, disk, pid):
+    try:
+        return _build_or_read(op, info, sig, target, disk, pid, lower_call_elsewhere)
+    except _Retry:
+        # The op needs its scalars as constants: build that signature now
+        # too, so a program that exits before calling the op again still
+        # leaves it in the cache (a restart then compiles nothing).
+        baked = _with_scalars_baked(sig)
+        baked_pid = plan_id(baked.key, *target) if disk is not None else None
+        plan = _build_or_read(op, info, baked, target, disk, baked_pid, lower_call_elsewhere)
+        with _plans_lock:
+            _plans.setdefault(baked.key, plan)
+        if baked_pid is not None:
+            warm_start.record(baked_pid)
+        raise
+
+
+def _with_scalars_baked(sig):
+    """The signature signature_of gives the same call once its op is in
+    baked_ops: runtime scalars become constants."""
+    def bake(s):
+        if isinstance(s, FRef):
+            return ("float", sig.floats[s.j])
+        if isinstance(s, IRef):
+            return sig.ints[s.j]
+        if isinstance(s, Seq):
+            return Seq(s.kind, tuple(bake(x) for x in s.items))
+        return s
+
+    args = tuple(bake(s) for s in sig.args)
+    kwargs = tuple((k, bake(s)) for k, s in sig.kwargs)
+    return dataclasses.replace(sig, key=(sig.key[0], args, kwargs, sig.specs), args=args, kwargs=kwargs,
+                               floats=[], ints=[])
 
 
 def _build_or_read(op, info, sig, target, disk, pid, lower):
