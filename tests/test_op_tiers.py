@@ -96,6 +96,21 @@ def test_a_build_that_fails_leaves_the_op_on_the_fallback(no_wait, monkeypatch):
     assert torchneuron.fallback_ops().get("aten.atan.default", 0) >= 1
 
 
+def test_a_build_that_breaks_leaves_the_op_on_the_fallback(no_wait, monkeypatch):
+    def crash(op, info, sig, promote_scalars=False):
+        raise RuntimeError("builder crashed (forced by the test)")
+
+    monkeypatch.setattr(eager, "lower_call_elsewhere", crash)
+    x = torch.randn(5, 3)
+    xn = x.to("neuron")
+    for _ in range(3):
+        torch.testing.assert_close(torch.asinh(xn * 1.25).cpu(), torch.asinh(x * 1.25))
+        torchneuron.wait_for_compiles(timeout=600)
+    reason = torchneuron.compile_stats()["not_compiled"].get("aten.asinh.default", "")
+    assert "background build failed" in reason and "builder crashed" in reason
+    assert torchneuron.fallback_ops().get("aten.asinh.default", 0) >= 1
+
+
 def test_fallback_policy_error_builds_in_line(no_wait):
     torchneuron.config.set(fallback="error")
     x = torch.randn(3, 17)

@@ -34,10 +34,13 @@ def main(argv=None) -> int:
     times = []
     last = [time.perf_counter()]
 
-    def on_step(step, loss):
+    def tick():
         now = time.perf_counter()
         times.append(now - last[0])
         last[0] = now
+
+    def on_step(step, loss):
+        tick()
         if step % 5 == 0 or step == args.steps - 1:
             print(f"step {step:3d}  loss {loss:.4f}  step time {times[-1] * 1000:7.1f} ms")
 
@@ -97,13 +100,11 @@ def main(argv=None) -> int:
             # built; show the speed once they have all landed.
             torchneuron.wait_for_compiles()
             landed = time.perf_counter() - started
-            after = []
+            times.clear()
             last[0] = time.perf_counter()
-            train_gpt(args.device, 10, cfg=cfg,
-                      on_step=lambda step, loss: (after.append(time.perf_counter() - last[0]),
-                                                  last.__setitem__(0, time.perf_counter())))
+            train_gpt(args.device, 10, cfg=cfg, on_step=lambda step, loss: tick())
             print(f"every compile landed     : {landed:.1f} s after training began; then a steady step "
-                  f"took {statistics.median(after[5:]) * 1000:.1f} ms")
+                  f"took {statistics.median(times[5:]) * 1000:.1f} ms")
     top = sorted(fallback.items(), key=lambda kv: -kv[1])[:8]
     print("top host-fallback ops   : " + ", ".join(f"{k} x{v}" for k, v in top))
     print("=" * 64)
