@@ -14,6 +14,7 @@ setup(
             "torchneuron._C",
             sources=[
                 "csrc/allocator.cpp",
+                "csrc/autocast.cpp",
                 "csrc/guard.cpp",
                 "csrc/hooks.cpp",
                 "csrc/kernels.cpp",

@@ -107,10 +107,15 @@ def char_dataset(text: str, block_size: int, batch: int, steps: int, seed: int =
 
 def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = None, batch: int = 8,
               optimizer: str = "adamw", on_step=None, foreach: bool | None = None, on_ready=None,
-              compile_backend: str | None = None) -> list:
+              compile_backend: str | None = None, autocast: torch.dtype | None = None,
+              grad_scaler: bool = False, scales: list | None = None, after_backward=None) -> list:
     """Train a fresh GPT for `steps` steps on `device`; returns the losses.
     `compile_backend`: run the model under torch.compile with that backend
     ("neuron", "inductor"); the optimizer stays eager.
+    `autocast`: run the forward pass under torch.autocast with that dtype;
+    `grad_scaler`: scale the loss with torch.amp.GradScaler (its scale after
+    each step is appended to `scales`); `after_backward(step, model)` runs
+    between backward and the optimizer step (tests inject infs there).
 
     `foreach` picks the optimizer and clipping implementation (None: PyTorch's
     choice for the device, which is the multi-tensor one on neuron and the
@@ -126,17 +131,26 @@ def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = No
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, foreach=foreach)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=foreach)
+    device_type = torch.device(device).type
+    scaler = torch.amp.GradScaler(device_type, enabled=grad_scaler)
     if on_ready is not None:
         on_ready()  # the model and optimizer exist: training starts
     losses = []
     text = SAMPLE_TEXT * 4
     for step, (x, y) in enumerate(char_dataset(text, cfg.block_size, batch, steps, seed)):
         x, y = x.to(device), y.to(device)
-        _, loss = step_model(x, y)
+        with torch.autocast(device_type, dtype=autocast, enabled=autocast is not None):
+            _, loss = step_model(x, y)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        scaler.scale(loss).backward()
+        if after_backward is not None:
+            after_backward(step, model)
+        scaler.unscale_(opt)  # clip the true gradients
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=foreach)
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
+        if scales is not None:
+            scales.append(scaler.get_scale())
         losses.append(loss.item())
         if on_step is not None:
             on_step(step, losses[-1])

@@ -155,8 +155,9 @@ def run(op, args, kwargs):
     views = lane.views
     imp = lane.import_memory
     bound = []
-    for t, span in zip(tensors, spans):
-        dtype = t.dtype
+    carriers = plan.carriers
+    for i, (t, span) in enumerate(zip(tensors, spans)):
+        dtype = carriers.get(i, t.dtype) if carriers else t.dtype
         if span is None:
             shape = t.shape
             view = views.get((t.data_ptr(), shape, dtype))
@@ -182,6 +183,10 @@ def run(op, args, kwargs):
     keepalive.append(outs)
     flag = outs[plan.flag] if plan.flag is not None else None
     queue.launch(plan.executable, bound, keepalive, plan.what, flag, lane)
+    if plan.write_back:
+        from .eager import write_back
+
+        write_back(plan, tensors, outs)
     stats.dispatched[launch.name] += 1
     stats.compiled[launch.name] += 1
     global hits

@@ -34,22 +34,27 @@ from ..compiler.progress import progress
 from ..lowering import NeedsResize, NotCompilable, lower_call, signature_of
 from ..lowering.graph import promotable_scalars
 from ..lowering.call import FRef, IRef, Seq, baked_ops
+from ..lowering.carriers import carrier_dtypes
 from ..lowering.worker import lower_call_elsewhere
-from ..runtime import LoadedExecutable, device_queue
-from . import cached_launch, stats, warm_start
+from ..runtime import LoadedExecutable, device_queue, synchronize_all
+from . import cached_launch, host_fallback, stats, warm_start
 from .cached_launch import assemble, new_output
+from .op_info import op_info
 
 
 class Plan:
-    __slots__ = ("executable", "flag", "out_specs", "returns", "what", "largest")
+    __slots__ = ("executable", "flag", "out_specs", "returns", "what", "largest", "carriers", "write_back")
 
-    def __init__(self, executable, out_specs, flag, returns, what):
+    def __init__(self, executable, out_specs, flag, returns, what, write_back=()):
         self.executable = executable
         self.out_specs = out_specs
         self.flag = flag
         self.returns = returns
         self.what = what
         self.largest = None  # elements of the largest tensor it reads or writes (picks the lane)
+        self.carriers = None  # {input index: dtype it is bound as} (lowering/carriers.py)
+        # ((j, i), ...): after the launch, output j is copied into input i (lowering/aliasing.py)
+        self.write_back = tuple(tuple(p) for p in write_back)
 
 
 class _ResizeFirst:
@@ -118,7 +123,7 @@ def _compile_plan(op, info, sig, target, lower, promote_scalars):
     # In the background the compile runs in the builder's (low priority) thread.
     submit = None if lower is lower_call_elsewhere else compile_pool().submit
     executable = executable_for(lowered.mlir, lowered.what, target, submit)
-    return Plan(executable, lowered.out_specs, lowered.flag, lowered.returns, lowered.what)
+    return Plan(executable, lowered.out_specs, lowered.flag, lowered.returns, lowered.what, lowered.write_back)
 
 
 def executable_for(mlir: str, what: str, target: tuple, submit=None, show_progress: bool = True):
@@ -185,6 +190,7 @@ def _record_of(plan, op) -> dict:
         "flag": plan.flag,
         "returns": plan.returns,
         "what": plan.what,
+        "write_back": [list(p) for p in plan.write_back],
     }
 
 
@@ -215,7 +221,7 @@ def plan_from_record(record, disk):
             executable, inserted = executable_cache().put(key, LoadedExecutable(vmfb, key, what), len(vmfb))
             if inserted:  # the warm-start thread and the first step may both load it
                 layers.stats.add("disk")
-        return Plan(executable, out_specs, record["flag"], record["returns"], what)
+        return Plan(executable, out_specs, record["flag"], record["returns"], what, record.get("write_back", ()))
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
 
@@ -444,18 +450,21 @@ def launch(plan, sig, device, outs=None) -> list:
     queue = device_queue(device.index)
     if plan.largest is None:
         plan.largest = largest_tensor(sig.specs, plan.out_specs)
+        plan.carriers = carrier_dtypes(sig.specs, sig.mutated - {i for _, i in plan.write_back})
     lane = queue.lane_for(plan.largest)
     views = []
     keepalive = [sig.tensors]
     # One import path for everything (measured: cheaper per launch than
     # DLPack imports, and it grants the write access fills need).
     imp = lane.import_memory
-    for t, spec in zip(sig.tensors, sig.specs):
+    carriers = plan.carriers
+    for i, (t, spec) in enumerate(zip(sig.tensors, sig.specs)):
+        dtype = carriers.get(i, spec.dtype) if carriers else spec.dtype
         if spec.stride is None:
-            views.append(imp(t, t.storage_offset() * spec.dtype.itemsize, spec.shape, spec.dtype))
+            views.append(imp(t, t.storage_offset() * dtype.itemsize, spec.shape, dtype))
         else:
-            start = (t.storage_offset() - spec.prefix) * spec.dtype.itemsize
-            views.append(imp(t, start, (spec.span,), spec.dtype))
+            start = (t.storage_offset() - spec.prefix) * dtype.itemsize
+            views.append(imp(t, start, (spec.span,), dtype))
     if sig.floats:
         packed = torch.tensor(sig.floats, dtype=torch.float64)
         keepalive.append(packed)
@@ -476,7 +485,22 @@ def launch(plan, sig, device, outs=None) -> list:
     keepalive.append(outs)
     flag = outs[plan.flag] if plan.flag is not None else None
     queue.launch(plan.executable, views, keepalive, plan.what, flag, lane)
+    write_back(plan, sig.tensors, outs)
     return outs
+
+
+def write_back(plan, tensors, outs) -> None:
+    """Copy the new values of inputs the executable could not overwrite in
+    place into them: a second launch, queued after the first. It goes straight
+    to the op path: adaptive eager's replays call this, and must not record."""
+    copy = torch.ops.aten.copy_.default
+    for j, i in plan.write_back:
+        dst, src = tensors[i], outs[j]
+        try:
+            run(copy, op_info(copy), (dst, src), {}, dst.device, remember=True)
+        except (Compiling, NotCompilable):
+            synchronize_all()
+            host_fallback.run(copy, op_info(copy), (dst, src), {}, dst.device)
 
 
 def largest_tensor(specs, out_specs) -> int:

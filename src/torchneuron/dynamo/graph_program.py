@@ -34,6 +34,7 @@ from ..dispatch import eager
 from ..dispatch.cached_launch import new_output
 from ..dispatch.host_fallback import _run_seeded
 from ..lowering import NotCompilable
+from ..lowering.aliasing import element_by_element
 from ..lowering.graph import export_to_mlir
 from ..lowering.isolation import outside_program_modes
 from ..runtime import LoadedExecutable, device_queue
@@ -94,7 +95,7 @@ class GraphProgram:
         self.gm = _on_cpu(gm)
         self.randoms = _take_randoms(self.gm)
         self.n_returned = _output_count(self.gm)
-        self.write_back = _integer_updates_as_results(self.gm)
+        self.write_back = _updates_as_results(self.gm)
         self._outputs(self.gm)
         self.what = _describe(gm, kind)
 
@@ -376,13 +377,13 @@ def _output_count(gm) -> int:
     return len(values) if isinstance(values, (tuple, list)) else 1
 
 
-def _integer_updates_as_results(gm) -> list:
-    """In-place updates of integer inputs (BatchNorm's num_batches_tracked)
-    become extra results, copied into the inputs after the launch: IREE 3.13
-    cannot compile an integer input that is read and written in place
-    ("failed to legalize unresolved target materialization from tensor<si64>
-    to tensor<i64>"; eager mode runs such ops on the host). Returns
-    (input position, output index) pairs."""
+def _updates_as_results(gm) -> list:
+    """In-place updates that IREE cannot compile or run in place become extra
+    results, copied into the inputs after the launch: those of integer inputs
+    (BatchNorm's num_batches_tracked: IREE 3.13 fails with "failed to legalize
+    unresolved target materialization from tensor<si64> to tensor<i64>"), and
+    those whose new value reads the input other than element by element
+    (lowering/aliasing.py). Returns (input position, output index) pairs."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     output = next(n for n in gm.graph.nodes if n.op == "output")
     values = output.args[0]
@@ -393,7 +394,10 @@ def _integer_updates_as_results(gm) -> list:
             continue
         target = node.args[0]
         meta = target.meta.get("val") if target in placeholders else None
-        if isinstance(meta, torch.Tensor) and not (meta.dtype.is_floating_point or meta.dtype.is_complex):
+        if isinstance(meta, torch.Tensor) and (
+            not (meta.dtype.is_floating_point or meta.dtype.is_complex)
+            or not element_by_element(target, node.args[1])
+        ):
             values.append(node.args[1])
             moved.append((placeholders.index(target), len(values) - 1))
             gm.graph.erase_node(node)

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from . import index_checks
+from .aliasing import InPlaceHazard, hazardous_inputs
 from .call import CallSignature, NotCompilable, numbers_as_tensors, rebuild
+from .carriers import as_integer, carrier_dtypes
 from .isolation import outside_program_modes
 
 
@@ -87,6 +89,9 @@ class LoweredCall:
     flag: int | None  # index in out_specs of the out-of-range-index flag, if the op indexes
     returns: object  # structure of the op's return: ("arg", i) / ("out", j) / None / tuples
     what: str  # "aten.add.Tensor(f32[16], f32[16])" for messages
+    # (j, i): input i's new value is written to out_specs[j]; the caller copies
+    # it into input i after the launch (lowering/aliasing.py).
+    write_back: tuple = ()
 
 
 def describe(info, sig: CallSignature) -> str:
@@ -189,8 +194,20 @@ def _lower_call(op, info, sig: CallSignature, promote_scalars: bool) -> LoweredC
     if index_checks.has_checks(op):
         out_specs.append(((), torch.bool))
         flag = len(out_specs) - 1
-    mlir = _export_to_mlir(op, sig, out_specs, outputs, flag, promote_scalars)
-    return LoweredCall(mlir, tuple(out_specs), flag, returns, what)
+    try:
+        mlir = _export_to_mlir(op, sig, out_specs, outputs, flag, promote_scalars)
+        return LoweredCall(mlir, tuple(out_specs), flag, returns, what)
+    except InPlaceHazard as e:
+        moved = sorted(set(e.inputs))
+        if op is torch.ops.aten.copy_.default or not set(moved) <= sig.mutated:
+            # (the write-back is a copy_: it must never need one itself)
+            raise NotCompilable(str(e)) from None
+    write_back = []
+    for i in moved:
+        out_specs.append((sig.specs[i].shape, sig.specs[i].dtype))
+        write_back.append((len(out_specs) - 1, i))
+    mlir = _export_to_mlir(op, sig, out_specs, outputs, flag, promote_scalars, tuple(write_back))
+    return LoweredCall(mlir, tuple(out_specs), flag, returns, what, tuple(write_back))
 
 
 def _on_meta(op, args, kwargs):
@@ -238,28 +255,32 @@ _META = torch.device("meta")
 _CPU = torch.device("cpu")
 
 class _CallModule(torch.nn.Module):
-    def __init__(self, op, sig: CallSignature, outputs, flag, promote_scalars=False):
+    def __init__(self, op, sig: CallSignature, outputs, flag, promote_scalars=False, write_back=()):
         super().__init__()
         self.op = op
         self.sig = sig
         self.outputs = outputs
         self.flag = flag
         self.promote_scalars = promote_scalars
+        self.write_back = write_back
 
     def forward(self, *inputs):
         sig = self.sig
         n = len(sig.specs)
         tensors = []
         written_spans = []
+        moved = {i for _, i in self.write_back}
+        carriers = carrier_dtypes(sig.specs, sig.mutated - moved)
         for i, spec in enumerate(sig.specs):
-            x = inputs[i]
+            x = as_integer(inputs[i], spec.dtype) if i in carriers else inputs[i]
             if spec.stride is not None:
-                view = x.as_strided(spec.shape, spec.stride, spec.prefix)
-                if i in sig.mutated:
+                x = x.as_strided(spec.shape, spec.stride, spec.prefix)
+                if i in sig.mutated and i not in moved:
                     # Writes to a strided view are scattered back into the span below.
-                    view = view.clone()
-                    written_spans.append((i, view))
-                x = view
+                    x = x.clone()
+                    written_spans.append((i, x))
+            if i in moved:
+                x = x.clone()  # the op writes a copy; its value goes to an output
             tensors.append(x)
         pos = n
         floats, ints = [], []
@@ -290,28 +311,32 @@ class _CallModule(torch.nn.Module):
             if self.promote_scalars and value.shape != destination.shape:
                 value = value.reshape(destination.shape)
             destination.copy_(value)
+        for j, i in self.write_back:
+            destination = inputs[pos + j]
+            destination.copy_(tensors[i].reshape(destination.shape))
         for i, view in written_spans:
             spec = sig.specs[i]
-            flat = inputs[i]
+            flat = as_integer(inputs[i], spec.dtype) if i in carriers else inputs[i]
             index = torch.arange(spec.span, device=flat.device).as_strided(spec.shape, spec.stride, spec.prefix)
             flat.index_put_((index.reshape(-1),), view.reshape(-1))
         return ()
 
 
-def _example(spec):
+def _example(spec, dtype):
     if spec.stride is None:
-        return torch.zeros(spec.shape, dtype=spec.dtype)
-    return torch.zeros(spec.span, dtype=spec.dtype)
+        return torch.zeros(spec.shape, dtype=dtype)
+    return torch.zeros(spec.span, dtype=dtype)
 
 
-def _export_to_mlir(op, sig: CallSignature, out_specs, outputs, flag, promote_scalars=False) -> str:
-    examples = [_example(s) for s in sig.specs]
+def _export_to_mlir(op, sig: CallSignature, out_specs, outputs, flag, promote_scalars=False, write_back=()) -> str:
+    carriers = carrier_dtypes(sig.specs, sig.mutated - {i for _, i in write_back})
+    examples = [_example(s, carriers.get(i, s.dtype)) for i, s in enumerate(sig.specs)]
     if sig.floats:
         examples.append(torch.tensor(sig.floats, dtype=torch.float64))
     if sig.ints:
         examples.append(torch.tensor(sig.ints, dtype=torch.int64))
     examples += [torch.zeros(shape, dtype=dtype) for shape, dtype in out_specs]
-    return export_to_mlir(_CallModule(op, sig, outputs, flag, promote_scalars), examples)
+    return export_to_mlir(_CallModule(op, sig, outputs, flag, promote_scalars, write_back), examples)
 
 
 def export_to_mlir(module: torch.nn.Module, examples: list, dynamic_shapes=None) -> str:
@@ -328,6 +353,9 @@ def export_to_mlir(module: torch.nn.Module, examples: list, dynamic_shapes=None)
                 program = program.run_decompositions(decomposition_table())
         except Exception as e:  # noqa: BLE001 - export raises many kinds; all mean "not this way"
             raise NotCompilable(f"export failed: {type(e).__name__}: {str(e)[:300]}") from None
+        hazards = hazardous_inputs(program)
+        if hazards:
+            raise InPlaceHazard(hazards)
         try:
             importer = FxImporter()
             importer.import_program(program, func_name="main")
