@@ -196,11 +196,17 @@ def cpu_float32_losses():
     return train_gpt("cpu", STEPS, cfg=CFG)
 
 
-def test_gpt_trains_in_bfloat16_with_grad_scaler_within_2_percent_of_cpu_float32(cpu_float32_losses):
+def test_gpt_trains_in_bfloat16_with_grad_scaler_as_cpu_does(cpu_float32_losses):
     runs = [train_gpt("neuron", STEPS, cfg=CFG, autocast=torch.bfloat16, grad_scaler=True) for _ in range(2)]
     assert runs[0] == runs[1]  # deterministic
-    for step, (got, want) in enumerate(zip(runs[0], cpu_float32_losses)):
-        assert abs(got - want) <= 0.02 * abs(want), f"step {step}: {got} vs CPU float32 {want}"
+    # bfloat16 training of this model leaves float32's path at step 13 (a loss
+    # spike of 13%) on CPU too: each step is compared with CPU's own bfloat16
+    # autocast, and the steps before the spike with CPU float32.
+    cpu_bf16 = train_gpt("cpu", STEPS, cfg=CFG, autocast=torch.bfloat16, grad_scaler=True)
+    for step, (got, want, fp32) in enumerate(zip(runs[0], cpu_bf16, cpu_float32_losses)):
+        assert abs(got - want) <= 0.02 * abs(want), f"step {step}: {got} vs CPU bfloat16 {want}"
+        if step < 12:
+            assert abs(got - fp32) <= 0.02 * abs(fp32), f"step {step}: {got} vs CPU float32 {fp32}"
 
 
 def test_gpt_trains_in_float16_with_grad_scaler(cpu_float32_losses):

@@ -57,12 +57,14 @@ class _Module(torch.nn.Module):
     (lambda t, o: t.add_(t.flip(0).sum(0, keepdim=True) + t.roll(1, 0)), [0]),
     (lambda t, o: t.index_put_((torch.tensor([1, 2]),), t[3:5]), [0]),
     (lambda t, o: t.mul_(2.0 / t.norm()), []),  # clip_grad_norm_'s update: a finished reduction
+    (lambda t, o: t.copy_(torch.zeros_like(t).add_(2) + o), []),  # zeros_like reads t's shape only
     (lambda t, o: t.add_(o), []),
     (lambda t, o: t.mul_(2.0).add_(1).clamp_(0, 3), []),
     (lambda t, o: t.copy_(o), []),
     (lambda t, o: t.index_put_((torch.tensor([1, 2]),), o[:2]), []),
     (lambda t, o: o.copy_(t.cumsum(0)), []),  # t is only read, o only written
-], ids=["cumsum_", "copy_flip", "add_own_roll", "index_put_own_values", "scale_by_own_norm", "add_", "pointwise_chain",
+], ids=["cumsum_", "copy_flip", "add_own_roll", "index_put_own_values", "scale_by_own_norm", "shape_only",
+        "add_", "pointwise_chain",
         "copy_other", "index_put_other", "write_other"])
 def test_inputs_whose_new_value_reads_them_out_of_place_are_found(fn, expected):
     program = torch.export.export(_Module(fn), (torch.zeros(10), torch.zeros(10)), strict=False)

@@ -43,6 +43,12 @@ _REDUCTIONS = {
     aten.var_mean.correction, aten.linalg_vector_norm.default, aten.norm.Scalar, aten.norm.ScalarOpt_dim,
     aten.logsumexp.default, aten.argmax.default, aten.argmin.default,
 }
+# Ops that take a tensor for its shape, dtype and device only.
+_SHAPE_ONLY = {
+    aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default,
+    aten.rand_like.default, aten.randn_like.default, aten.randint_like.default, aten.new_zeros.default,
+    aten.new_ones.default, aten.new_full.default, aten.new_empty.default, aten.new_empty_strided.default,
+}
 # (op, position of the tensor it updates in place, positions of other inputs that are safe)
 _UPDATES_IN_PLACE = {
     aten.index_put.default: 0,
@@ -142,6 +148,8 @@ def _data_inputs(node) -> list:
     (dst gives the shape); sizes are not data."""
     if node.op == "call_function" and node.target is aten.copy.default and _shape(node) == _shape(node.args[1]):
         return [node.args[1]] if hasattr(node.args[1], "op") else []
+    if node.op == "call_function" and node.target in _SHAPE_ONLY:
+        return []
     return [n for n in node.all_input_nodes if _carries_data(n)]
 
 
