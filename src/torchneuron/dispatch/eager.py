@@ -485,7 +485,8 @@ def launch(plan, sig, device, outs=None) -> list:
     keepalive.append(outs)
     flag = outs[plan.flag] if plan.flag is not None else None
     queue.launch(plan.executable, views, keepalive, plan.what, flag, lane)
-    write_back(plan, sig.tensors, outs)
+    if plan.write_back:
+        write_back(plan, sig.tensors, outs)
     return outs
 
 
