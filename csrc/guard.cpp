@@ -9,7 +9,6 @@
 
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <mutex>
 
 namespace torchneuron {
@@ -20,7 +19,6 @@ std::atomic<c10::DeviceIndex> num_devices{1};
 thread_local c10::DeviceIndex tls_device = 0;
 // Stream id 0 is each device's default stream; new streams count up from 1.
 thread_local std::array<c10::StreamId, kMaxDevices> tls_stream{};
-std::array<std::atomic<c10::StreamId>, kMaxDevices> next_stream_id{};
 std::atomic<bool> bad_fork{false};
 std::atomic<bool> unusable{false};
 std::mutex unusable_mutex;
@@ -29,11 +27,28 @@ std::string unusable_reason;
 std::mutex sync_mutex;
 std::function<void(c10::DeviceIndex)> sync_callback;
 
-// Work is ordered on the host in this version, so an event is complete once
-// recorded; it keeps the time it was recorded for elapsed_time().
+// Streams' timelines and events live in Python (runtime/streams.py): the
+// guard forwards each stream and event call there. Held for the life of the
+// process (never decref'd: it must outlive the interpreter's teardown order).
+pybind11::object* stream_api = nullptr;
+
+template <typename... Args>
+pybind11::object call_stream_api(const char* name, Args... args) {
+  check_usable();
+  pybind11::gil_scoped_acquire gil;
+  TORCH_CHECK(stream_api != nullptr, "neuron: streams are not initialized (import torchneuron)");
+  return stream_api->attr(name)(args...);
+}
+
+// Streams come from a pool per priority, as CUDA's do: ids 1..kPoolSize are
+// normal priority, kPoolSize+1..2*kPoolSize high priority (priority < 0).
+constexpr c10::StreamId kPoolSize = 32;
+std::array<std::array<std::atomic<uint32_t>, 2>, kMaxDevices> next_pool_stream{};
+
+std::atomic<int64_t> next_event_id{1};
 struct Event {
-  std::chrono::steady_clock::time_point when;
-  bool recorded = false;
+  int64_t id;
+  bool timing;
 };
 
 struct NeuronGuardImpl final : c10::impl::DeviceGuardImplInterface {
@@ -63,13 +78,15 @@ struct NeuronGuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::Stream getDefaultStream(c10::Device d) const override {
     return c10::Stream(c10::Stream::UNSAFE, d, 0);
   }
-  c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
     auto idx = d.index() < 0 ? tls_device : d.index();
     check_device_index(idx);
-    return c10::Stream(c10::Stream::UNSAFE, {kType, idx}, ++next_stream_id[idx]);
+    int high = priority < 0 ? 1 : 0;
+    auto n = next_pool_stream[idx][high]++ % kPoolSize;
+    return c10::Stream(c10::Stream::UNSAFE, {kType, idx}, 1 + n + high * kPoolSize);
   }
-  c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*high_priority*/) const override {
-    return getNewStream(d, 0);
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool high_priority) const override {
+    return getNewStream(d, high_priority ? -1 : 0);
   }
   c10::Stream exchangeStream(c10::Stream s) const noexcept override {
     auto idx = s.device_index();
@@ -81,35 +98,60 @@ struct NeuronGuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceIndex deviceCount() const noexcept override { return num_devices.load(); }
 
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex /*device_index*/,
-              const c10::EventFlag /*flag*/) const override {
-    if (*event == nullptr) *event = new Event();
-    run_synchronize_callback(stream.device_index());
+              const c10::EventFlag flag) const override {
+    if (*event == nullptr) *event = new Event{next_event_id++, flag == c10::EventFlag::BACKEND_DEFAULT};
     auto* e = static_cast<Event*>(*event);
-    e->when = std::chrono::steady_clock::now();
-    e->recorded = true;
+    call_stream_api("record_event", e->id, static_cast<int>(stream.device_index()),
+                    static_cast<int64_t>(stream.id()), e->timing);
   }
-  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
-  bool queryEvent(void* /*event*/) const override { return true; }
+  void block(void* event, const c10::Stream& stream) const override {
+    if (event == nullptr) return;  // never recorded: nothing to wait for
+    call_stream_api("wait_event", static_cast<Event*>(event)->id, static_cast<int>(stream.device_index()),
+                    static_cast<int64_t>(stream.id()));
+  }
+  bool queryEvent(void* event) const override {
+    if (event == nullptr) return true;
+    return call_stream_api("query_event", static_cast<Event*>(event)->id).cast<bool>();
+  }
   void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
-    delete static_cast<Event*>(event);
+    auto* e = static_cast<Event*>(event);
+    if (e == nullptr) return;
+    if (Py_IsInitialized() && stream_api != nullptr) {
+      try {
+        pybind11::gil_scoped_acquire gil;
+        stream_api->attr("destroy_event")(e->id);
+      } catch (...) {  // at interpreter teardown: nothing left to forget
+      }
+    }
+    delete e;
   }
-  void synchronizeEvent(void* /*event*/) const override {}
+  void synchronizeEvent(void* event) const override {
+    if (event == nullptr) return;
+    call_stream_api("synchronize_event", static_cast<Event*>(event)->id);
+  }
   double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device_index*/) const override {
     TORCH_CHECK(start && end, "Both events must be recorded before calculating elapsed time.");
     auto* a = static_cast<Event*>(start);
     auto* b = static_cast<Event*>(end);
-    TORCH_CHECK(a->recorded && b->recorded,
-                "Both events must be recorded before calculating elapsed time.");
-    return std::chrono::duration<double, std::milli>(b->when - a->when).count();
+    TORCH_CHECK(a->timing && b->timing,
+                "Both events must be created with argument 'enable_timing=True'.");
+    return call_stream_api("elapsed_time", a->id, b->id).cast<double>();
   }
 
-  bool queryStream(const c10::Stream& /*stream*/) const override { return true; }
+  bool queryStream(const c10::Stream& stream) const override {
+    return call_stream_api("query_stream", static_cast<int>(stream.device_index()),
+                           static_cast<int64_t>(stream.id())).cast<bool>();
+  }
   void synchronizeStream(const c10::Stream& stream) const override {
-    run_synchronize_callback(stream.device_index());
+    call_stream_api("synchronize_stream", static_cast<int>(stream.device_index()),
+                    static_cast<int64_t>(stream.id()));
   }
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     run_synchronize_callback(device_index < 0 ? tls_device : device_index);
   }
+  // A block stays held by every launch that uses it until that launch is
+  // done, on whichever stream (runtime/queue.py), so a freed block is never
+  // handed out while another stream still uses it: nothing to record.
   void recordDataPtrOnStream(const c10::DataPtr& /*data_ptr*/, const c10::Stream& /*stream*/) const override {}
 };
 
@@ -118,6 +160,16 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, NeuronGuardImpl);
 } // namespace
 
 c10::DeviceIndex device_count() { return num_devices.load(); }
+
+void set_stream_api(pybind11::object api) { stream_api = new pybind11::object(std::move(api)); }
+
+int64_t current_stream_id(c10::DeviceIndex index) { return tls_stream[index]; }
+
+int64_t exchange_stream_id(c10::DeviceIndex index, int64_t id) {
+  auto old = tls_stream[index];
+  tls_stream[index] = id;
+  return old;
+}
 
 void set_device_count(c10::DeviceIndex n) {
   TORCH_CHECK(n >= 1 && n <= kMaxDevices, "neuron device count must be in [1, ",

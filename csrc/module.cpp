@@ -12,6 +12,7 @@
 
 namespace torchneuron {
 extern std::atomic<uint64_t> supported_dtypes_mask;
+void set_stream_api(pybind11::object api);  // guard.cpp
 
 namespace {
 
@@ -111,6 +112,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     uint64_t mask = 0;
     for (auto d : dtypes) mask |= 1ull << static_cast<int>(d);
     supported_dtypes_mask.store(mask);
+  });
+  m.def("set_stream_api", [](pybind11::object api) { set_stream_api(std::move(api)); });
+  m.def("current_stream", [](int i) { return current_stream_id(static_cast<c10::DeviceIndex>(i)); });
+  m.def("exchange_stream", [](int i, int64_t id) {
+    return exchange_stream_id(static_cast<c10::DeviceIndex>(i), id);
   });
   m.def("set_synchronize_callback", [](pybind11::object fn) {
     if (fn.is_none()) {

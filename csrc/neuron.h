@@ -18,6 +18,9 @@ void set_device_count(c10::DeviceIndex n);
 c10::DeviceIndex current_device();
 void set_current_device(c10::DeviceIndex index);
 void check_device_index(c10::DeviceIndex index);
+// The calling thread's current stream id on a device, and swapping it.
+int64_t current_stream_id(c10::DeviceIndex index);
+int64_t exchange_stream_id(c10::DeviceIndex index, int64_t id);
 
 // A device that cannot be used (forked child, unavailable driver) refuses
 // every allocation and sync with the reason given.

@@ -88,7 +88,16 @@ def _build_pool():
 
 
 def cut(graph, reason: str) -> None:
-    """Run a detached pending graph (see the module docstring)."""
+    """Run a detached pending graph (see the module docstring) on the stream
+    it was recorded on."""
+    previous = _C.exchange_stream(graph.index, graph.stream)
+    try:
+        _run_graph(graph, reason)
+    finally:
+        _C.exchange_stream(graph.index, previous)
+
+
+def _run_graph(graph, reason: str) -> None:
     stats.cut_reasons[reason] += 1
     n = len(graph.ops)
     stats.add("graphs_cut", 1)

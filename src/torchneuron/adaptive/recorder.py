@@ -66,10 +66,11 @@ class OpRecord:
 
 
 class PendingGraph:
-    """The ops recorded on one device since its last cut."""
+    """The ops recorded on one device's current stream since its last cut."""
 
-    def __init__(self, index: int):
+    def __init__(self, index: int, stream: int):
         self.index = index
+        self.stream = stream  # the stream its launches go to
         self.slot_of: dict = {}  # storage address -> slot
         self.storages: list = []  # slot -> UntypedStorage (keeps the memory alive)
         self.addresses: list = []
@@ -95,7 +96,7 @@ class PendingGraph:
         return self._regraph(self.ops[:at]), self._regraph(self.ops[at:])
 
     def _regraph(self, records):
-        graph = PendingGraph(self.index)
+        graph = PendingGraph(self.index, self.stream)
         new_slot = {}
 
         def slot(old, external):
@@ -126,6 +127,7 @@ class PendingGraph:
         return slot
 
 
+_current_stream = _C.current_stream  # (device index) -> the thread's current stream id
 _recipes: dict = {}  # cheap key -> Recipe or _NotRecordable
 _MAX_RECIPES = 16384
 _pending: dict = {}  # device index -> PendingGraph
@@ -302,8 +304,12 @@ def _numel(shape) -> int:
 def _append(recipe, tensors, floats, ints):
     index = recipe.index
     graph = _pending.get(index)
-    if graph is None:
-        graph = _pending[index] = PendingGraph(index)
+    stream = _current_stream(index)
+    if graph is None or graph.stream != stream:
+        if graph is not None:  # the program switched streams: what was recorded goes to its own
+            del _pending[index]
+            cut_hook(graph, "stream switch")
+        graph = _pending[index] = PendingGraph(index, stream)
     refs = []
     slot_of = graph.slot_of
     for t in tensors:

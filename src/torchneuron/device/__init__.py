@@ -81,6 +81,7 @@ def register() -> None:
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
     from .. import runtime
+    from ..runtime import streams  # noqa: F401 - installs the guard's stream and event calls
 
     entry.install()
     _C.set_synchronize_callback(runtime.synchronize)

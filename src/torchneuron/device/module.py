@@ -30,11 +30,61 @@ from .random import (  # noqa: F401 - re-exported as torch.neuron.*
 )
 from . import hal
 
-Stream = torch.Stream
-Event = torch.Event
-
 _initialized = False
 _PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1
+_POOL_SIZE = 32  # streams per priority (csrc/guard.cpp): ids above it are high priority
+
+
+class Stream(torch.Stream):
+    """A neuron stream: its own ordered timeline on the device, ordered
+    against other streams only by events and waits (runtime/queue.py).
+
+    As on CUDA, `Stream()` hands out streams from a pool of 32 per priority
+    round robin. `priority` < 0 takes a high-priority stream; IREE's CPU task
+    system has no queue priorities, so it is kept apart and reported, not
+    scheduled first."""
+
+    def __new__(cls, device=None, priority: int = 0, **kwargs):
+        if kwargs:  # torch.Stream(stream_id=, device_index=, device_type=)
+            return super().__new__(cls, **kwargs)
+        index = device_index(device)
+        return super().__new__(cls, device=torch.device("neuron", index), priority=priority)
+
+    @property
+    def priority(self) -> int:
+        return -1 if self.stream_id > _POOL_SIZE else 0
+
+    def __enter__(self):
+        self._previous = current_stream(self.device_index)
+        set_stream(self)
+        return self
+
+    def __exit__(self, *exc):
+        set_stream(self._previous)
+        return False
+
+
+def _as_neuron_stream(stream: torch.Stream) -> Stream:
+    return Stream(stream_id=stream.stream_id, device_index=stream.device_index, device_type=_PRIVATEUSE1)
+
+
+class _NeuronEventType(type):
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, torch.Event) and obj.device.type == "neuron"
+
+
+class Event(metaclass=_NeuronEventType):
+    """A neuron event (a `torch.Event`): a point on one stream's timeline.
+    `wait` orders a stream after it on the device; `elapsed_time` is measured
+    between the times the device reached two timed events. `blocking` is
+    accepted: a host wait always blocks (the CPU target has nothing to spin on).
+
+    Made as a plain torch.Event (torch's own methods accept no subclass)."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        return torch.Event(device="neuron", enable_timing=enable_timing, blocking=blocking,
+                           interprocess=interprocess)
+
 
 
 def _is_in_bad_fork() -> bool:
@@ -117,13 +167,13 @@ def synchronize(device=None) -> None:
     torch.accelerator.synchronize(device_index(device))
 
 
-def current_stream(device=None) -> torch.Stream:
-    return torch.accelerator.current_stream(device_index(device))
+def current_stream(device=None) -> Stream:
+    return _as_neuron_stream(torch.accelerator.current_stream(device_index(device)))
 
 
-def default_stream(device=None) -> torch.Stream:
+def default_stream(device=None) -> Stream:
     # Stream id 0 is each device's default stream (csrc/guard.cpp).
-    return torch.Stream(stream_id=0, device_index=device_index(device), device_type=_PRIVATEUSE1)
+    return Stream(stream_id=0, device_index=device_index(device), device_type=_PRIVATEUSE1)
 
 
 def set_stream(stream: torch.Stream) -> None:
@@ -136,7 +186,7 @@ def stream(stream: torch.Stream | None):
 
     if stream is None:
         return contextlib.nullcontext()
-    return stream
+    return _as_neuron_stream(stream) if type(stream) is not Stream else stream
 
 
 def get_amp_supported_dtype() -> list:

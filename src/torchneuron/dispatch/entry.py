@@ -193,7 +193,14 @@ def _histc_of_integers(x, bins=100, min=0, max=0):  # noqa: A002 - the op's argu
 
 # Inputs CUDA accepts and PyTorch's CPU kernels do not: code written for
 # accelerators relies on them.
-_CUDA_PARITY = {"aten.histc.default": _histc_of_integers}
+def _record_stream(tensor, stream):
+    """Tensor.record_stream: nothing to record. Every launch holds the blocks
+    it uses until it is done, on whichever stream (runtime/queue.py), so a
+    block is never handed out again while another stream still uses it."""
+    return None
+
+
+_CUDA_PARITY = {"aten.histc.default": _histc_of_integers, "aten.record_stream.default": _record_stream}
 
 
 def _transfer(op, info, args, kwargs, device):

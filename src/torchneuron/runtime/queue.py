@@ -1,16 +1,20 @@
-"""One launch queue per device, ordered by HAL timeline semaphores.
+"""One launch queue per device, with one timeline per stream.
 
-Launch n waits for value n-1 and signals n, so launches run in order on IREE's
-worker threads while Python goes on; small launches run inline instead, which
-costs less than handing them to a worker. Tensors a launch uses are kept alive
-until it is known to be done. Reading on the host (`synchronize`) waits for the
-last value; a failed launch is raised there, naming the op, its shapes and the
-user's source line.
+Each stream of a device is a HAL timeline semaphore: its launch n waits for
+value n-1 (and for the events the stream was told to wait for) and signals n,
+so launches run in order on IREE's worker threads while Python goes on, and
+two streams' launches are ordered only by events. Small launches run inline
+instead, which costs less than handing them to a worker. Tensors a launch uses
+are kept alive until it is known to be done, so their memory is not reused
+while any stream still uses it. Reading on the host (`synchronize`) waits for
+every stream; the earliest failed launch is raised there, naming the op, its
+shapes and the user's source line.
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import threading
 from collections import deque
 
@@ -63,6 +67,7 @@ _MEMORY_TYPE = _BUFFER_USAGE = 0
 _MAX_CACHED_VIEWS = 8192
 _ELEMENT_TYPES: dict = {}
 _lock = threading.Lock()
+_issued = itertools.count()  # launch order across streams: the earliest failure is raised first
 
 
 def _vm_instance():
@@ -75,22 +80,31 @@ def _vm_instance():
 
 
 class Lane:
-    """One HAL device's in-order timeline: launch n waits for value n-1 and
-    signals n; an inline lane (local-sync) runs each launch synchronously
-    instead. Imports host memory into its device (views cached by address)."""
+    """One stream's in-order timeline on one HAL device: launch n waits for
+    value n-1 and signals n; an inline lane (local-sync) runs each launch
+    synchronously instead, after its stream's timeline. Imports host memory
+    into its device (views cached by address, shared by the device's lanes)."""
 
-    def __init__(self, device, inline: bool):
+    def __init__(self, device, inline: bool, base: "Lane | None" = None, stream: int = 0):
         import iree.runtime as ireert
 
         self._rt = ireert
         self.device = device
         self.inline = inline  # runs each launch on the calling thread
-        self.hal_module = ireert.create_hal_module(_vm_instance(), device)
+        self.stream = stream
+        # Lanes of one device share the loaded executables and imported views.
+        self.base = base or self
+        self.hal_module = ireert.create_hal_module(_vm_instance(), device) if base is None else base.hal_module
+        self.views: dict = {} if base is None else base.views  # (address, shape, dtype) -> HalBufferView
         self.semaphore = device.create_semaphore(0)
         self.value = 0  # last value signalled by a launch
         self.completed = 0  # highest value known to be reached
-        self.pending: deque = deque()  # (value, keepalive, what, source, flag)
-        self.views: dict = {}  # (address, shape, dtype) -> HalBufferView
+        self.pending: deque = deque()  # (value, keepalive, what, source, flag, order)
+        # Other timelines' points (semaphore, value) the next launch waits for
+        # (events); launches up to `waits_until` depend on other timelines.
+        self.waits: list = []
+        self.waits_until = 0
+        self.timeline = self  # an inline lane: its stream's task lane, which it runs after
         self.launches = 0
         self._no_results = ireert.VmVariantList(0)
 
@@ -133,6 +147,11 @@ class Lane:
     def busy(self) -> bool:
         return self.value > self.completed
 
+    def independent(self) -> bool:
+        """Whether waiting for this timeline cannot wait for another stream
+        (which may be held back): no event waits queued or in flight."""
+        return not self.waits and self.waits_until <= self.completed
+
     def run_inline(self, context, fn, views, what) -> None:
         """Run the executable's synchronous entry on the calling thread: it is
         finished when this returns, so nothing is kept alive or retired."""
@@ -150,16 +169,27 @@ class Lane:
         args = rt.VmVariantList(len(views) + 2)
         for view in views:
             args.push_ref(view)
-        args.push_ref(rt.HalFence.create_at(self.semaphore, self.value))
+        waits = self.waits
+        if waits:
+            after = rt.HalFence(1 + len(waits))
+            after.insert(self.semaphore, self.value)
+            for semaphore, value in waits:
+                after.insert(semaphore, value)
+        else:
+            after = rt.HalFence.create_at(self.semaphore, self.value)
+        args.push_ref(after)
         self.value += 1
         args.push_ref(rt.HalFence.create_at(self.semaphore, self.value))
-        self.pending.append((self.value, keepalive, what, source, flag))
+        self.pending.append((self.value, keepalive, what, source, flag, next(_issued)))
         try:
             context.invoke(fn, args, self._no_results)
         except Exception as e:  # the launch itself was refused
             self.pending.pop()
             self.value -= 1
             raise NeuronAsyncError(f"neuron: launching {what} (issued at {source}) failed: {e}") from e
+        if waits:
+            self.waits = []
+            self.waits_until = self.value
         self.launches += 1
 
     def reached(self) -> int:
@@ -196,68 +226,112 @@ class Lane:
         self.pending.clear()
         # The timeline is poisoned: continue on a fresh one.
         self.semaphore = self.device.create_semaphore(0)
-        self.value = self.completed = 0
+        self.value = self.completed = self.waits_until = 0
+        self.waits = []
         if failed is None:
             raise NeuronAsyncError(f"neuron: an asynchronous op failed: {error}") from error
-        _, _, what, source, _ = failed
-        raise NeuronAsyncError(
-            f"neuron: {what} failed on neuron:{index} (issued at {source}): {error}"
-        ) from error
+        _, _, what, source, _, order = failed
+        stream = f" stream {self.stream}" if self.stream else ""
+        failure = NeuronAsyncError(f"neuron: {what} failed on neuron:{index}{stream} (issued at {source}): {error}")
+        failure.order = order
+        raise failure from error
+
+
+def _not_failed(semaphore) -> bool:
+    try:
+        semaphore.query()
+        return True
+    except Exception:  # noqa: BLE001 - a failed timeline: nothing to wait for any more
+        return False
 
 
 class DeviceQueue:
-    """The launch queue of one neuron device: the HAL device's timeline, and
-    for the CPU task pool an inline lane that small launches run on.
+    """The launch queue of one neuron device: a timeline per stream on the HAL
+    device, and for the CPU task pool an inline lane per stream that small
+    launches run on.
 
-    The lanes are ordered on the host: a launch on the inline lane first waits
-    for the task lane, and an inline launch is finished when it returns, so
-    the next task launch has nothing to wait for. An index check that failed
-    is raised at the next sync point, from whichever lane."""
+    A stream's inline launch first waits for the stream's timeline, and is
+    finished when it returns, so the stream's next launch has nothing to wait
+    for. While a stream's timeline depends on another stream (an event wait
+    in flight), its small launches queue on the timeline instead: the other
+    stream may be held back, and the host must not wait for it. An index
+    check that failed is raised at the next sync point, from whichever lane."""
 
     def __init__(self, index: int):
         if not _ELEMENT_TYPES:
             _init_types()
         self.index = index
-        self.task = Lane(hal_device(index), inline=False)
+        self.task = Lane(hal_device(index), inline=False)  # the default stream's timeline
         inline = inline_device(index) if config.settings.inline_elements > 0 else None
         self.inline = Lane(inline, inline=True) if inline is not None else None
+        if self.inline is not None:
+            self.inline.timeline = self.task
+        self.streams: dict = {0: (self.task, self.inline)}  # stream id -> (task lane, inline lane)
+        self.side: list = []  # the task lanes of streams other than the default
         self._lock = threading.RLock()
         self._bad = None  # a launch whose index check failed, raised at the next sync
         self.launches = 0
 
     def lanes(self) -> list:
+        """One lane per loaded device (the lanes of other streams share them)."""
         return [self.task] + ([self.inline] if self.inline is not None else [])
 
-    def lane_for(self, elements: int) -> Lane:
-        """The lane for a launch whose largest tensor has `elements` elements."""
-        if self.inline is not None and elements <= config.settings.inline_elements:
-            return self.inline
-        return self.task
+    def stream_lanes(self, stream: int) -> tuple:
+        """(task lane, inline lane or None) of a stream, made at first use."""
+        lanes = self.streams.get(stream)
+        if lanes is None:
+            with self._lock:
+                lanes = self.streams.get(stream)
+                if lanes is None:
+                    task = Lane(self.task.device, inline=False, base=self.task, stream=stream)
+                    inline = None
+                    if self.inline is not None:
+                        inline = Lane(self.inline.device, inline=True, base=self.inline, stream=stream)
+                        inline.timeline = task
+                    self.side.append(task)
+                    lanes = self.streams[stream] = (task, inline)
+        return lanes
+
+    def timeline(self, stream: int) -> Lane:
+        return self.task if stream == 0 else self.stream_lanes(stream)[0]
+
+    def lane_for(self, elements: int, stream: int | None = None) -> Lane:
+        """The lane for a launch on `stream` (default: the current stream)
+        whose largest tensor has `elements` elements."""
+        if stream is None:
+            stream = _C.current_stream(self.index)
+        task, inline = (self.task, self.inline) if stream == 0 else self.stream_lanes(stream)
+        if inline is not None and elements <= config.settings.inline_elements and task.independent():
+            return inline
+        return task
 
     def launch(self, executable, views: list, keepalive, what: str, flag=None, lane=None) -> None:
-        """Queue one executable on `lane` (default: the task lane), whose
-        imports `views` are. `flag`, if given, is a device bool the executable
-        sets when its indices were out of range. Errors name the user's source
-        line, found only when it is needed: an inline launch is still on the
-        user's stack when it fails."""
+        """Queue one executable on `lane` (default: the default stream's
+        timeline), whose imports `views` are. `flag`, if given, is a device
+        bool the executable sets when its indices were out of range. Errors
+        name the user's source line, found only when it is needed: an inline
+        launch is still on the user's stack when it fails."""
         lane = lane or self.task
-        context, fn = executable.entry(lane)
+        context, fn = executable.entry(lane.base)
         if config.settings.check_memory:
             self._launch_checked(lane, context, fn, views, keepalive, what, flag)
             return
         with self._lock:
-            task = self.task
             if lane.inline:
-                if task.busy():
-                    self._note(task.wait(task.value, self.index))
+                timeline = lane.timeline
+                if timeline.busy():
+                    self._note(timeline.wait(timeline.value, self.index))
                 lane.run_inline(context, fn, views, what)
                 self.launches += 1
                 if flag is not None and _C.host_alias(flag).any():
-                    self._note((lane.value, keepalive, what, user_source_line(), flag))
+                    self._note((lane.value, keepalive, what, user_source_line(), flag, next(_issued)))
                 if config.settings.launch_blocking:
                     self.synchronize()
                 return
-            lane.invoke(context, fn, views, keepalive, what, user_source_line(), flag)
+            try:
+                lane.invoke(context, fn, views, keepalive, what, user_source_line(), flag)
+            except NeuronAsyncError as refused:
+                self._refused(refused)
             self.launches += 1
             if config.settings.launch_blocking:
                 self.synchronize()
@@ -270,42 +344,86 @@ class DeviceQueue:
             reached = lane.reached()
             if reached > lane.completed:
                 self._note(lane.retire(reached))
+            if self.side:
+                self._retire_reached(lane)
             if len(lane.pending) > config.settings.max_in_flight:
                 self._note(lane.wait(lane.pending[0][0], self.index))
+
+    def _retire_reached(self, launched) -> None:
+        """Let go of what other streams' finished launches kept alive."""
+        for lane in (self.task, *self.side):
+            if lane is not launched and lane.pending:
+                reached = lane.reached()
+                if reached > lane.completed:
+                    self._note(lane.retire(reached))
 
     def _launch_checked(self, lane, context, fn, views, keepalive, what, flag) -> None:
         """A launch under TORCHNEURON_CHECK_MEMORY: run to completion, then check the guards."""
         source = user_source_line()
         with self._lock:
-            self._drain()
+            # Streams that wait for another one are not waited for: it may be held back.
+            self._drain([t for t in (self.task, *self.side) if t.independent()])
             if lane.inline:
                 lane.run_inline(context, fn, views, what)
                 if flag is not None and _C.host_alias(flag).any():
-                    self._note((lane.value, keepalive, what, source, flag))
+                    self._note((lane.value, keepalive, what, source, flag, next(_issued)))
             else:
-                lane.invoke(context, fn, views, keepalive, what, source, flag)
+                try:
+                    lane.invoke(context, fn, views, keepalive, what, source, flag)
+                except NeuronAsyncError as refused:
+                    self._refused(refused)
             self.launches += 1
-            self._drain()
+            if not lane.timeline.independent():
+                return  # checked when the stream is synchronized
+            if not lane.inline:
+                self._note(lane.wait(lane.value, self.index))
         memory_guards.verify_launch(what, source, keepalive)
 
+    def _refused(self, refused: NeuronAsyncError) -> None:
+        """A launch the device refused, most often because work it waits for
+        (on this or another stream) failed: that earlier failure is raised
+        if there is one, else this refusal."""
+        refused.order = next(_issued)
+        self._drain(also=refused)
+        raise refused
+
     def _note(self, bad) -> None:
-        if bad is not None and self._bad is None:
+        if bad is not None and (self._bad is None or bad[5] < self._bad[5]):
             self._bad = bad
 
-    def _drain(self) -> None:
-        """Wait for every lane (caller holds the lock)."""
-        for lane in (self.task, self.inline):
-            if lane is not None and lane.pending:
-                self._note(lane.wait(lane.value, self.index))
+    def _drain(self, lanes=None, also=None) -> None:
+        """Wait for `lanes` (default: every stream); the earliest failure
+        (`also` among them) is raised once all have been waited for (caller
+        holds the lock)."""
+        failures = [also] if also is not None else []
+        for lane in lanes if lanes is not None else (self.task, *self.side):
+            if lane.pending:
+                try:
+                    self._note(lane.wait(lane.value, self.index))
+                except NeuronAsyncError as e:
+                    failures.append(e)
+            lane.waits_until = 0
+        if failures:
+            for lane in (self.task, *self.side):
+                lane.waits = [w for w in lane.waits if _not_failed(w[0])]
+                if not lane.pending and not _not_failed(lane.semaphore):
+                    # Failed by a refused launch (what it waited for failed): a fresh timeline.
+                    lane.semaphore = lane.device.create_semaphore(0)
+                    lane.value = lane.completed = 0
+            raise min(failures, key=lambda e: getattr(e, "order", -1))
 
-    def synchronize(self) -> None:
+    def synchronize(self, stream: int | None = None) -> None:
+        """Wait for every stream's work (or one stream's); raise the earliest failure."""
         with self._lock:
-            self._drain()
+            if stream is None:
+                self._drain()
+            else:
+                self._drain([self.timeline(stream)])
             bad, self._bad = self._bad, None
         if config.settings.check_memory:
             memory_guards.verify("an op before this synchronization", user_source_line(), thorough=True)
         if bad is not None:
-            _, _, what, source, flag = bad
+            _, _, what, source, flag, _ = bad
             if hasattr(what, "culprit"):  # a fused graph: name the op whose flag is set
                 what, source = what.culprit(_C.host_alias(flag))
             raise NeuronAsyncError(
@@ -314,7 +432,7 @@ class DeviceQueue:
             )
 
     def pending(self) -> int:
-        return sum(len(lane.pending) for lane in (self.task, self.inline) if lane is not None)
+        return sum(len(lane.pending) for lane in (self.task, *self.side))
 
 
 def device_queue(index: int) -> DeviceQueue:
