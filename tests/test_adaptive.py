@@ -253,3 +253,31 @@ def test_a_dead_lowering_worker_is_replaced(adaptive):
         torchneuron.wait_for_compiles(timeout=600)
     assert got == pytest.approx((x.cpu().cos() * 3).amax().item(), rel=1e-6)
     assert _fused_ops() > fused
+
+
+def test_an_op_found_to_need_constant_scalars_is_remembered_across_processes(tmp_path):
+    """masked_fill with an integer fill value cannot take it as a runtime scalar
+    inside a fused graph (the importer has no sym_float): the first process
+    finds that by probing, after a build that compiled the graph only in
+    segments; a later process makes it a constant from the first recording,
+    so its graph compiles whole at once."""
+    script = (
+        "import torch, torchneuron\n"
+        "from torchneuron.adaptive import recorder\n"
+        "recorder._BAKED_NAMES = frozenset()  # found by probing, not from the built-in list\n"
+        "torchneuron.set_eager_mode('adaptive')\n"
+        "x = torch.arange(20.0).to('neuron')\n"
+        "m = (torch.arange(20) % 3 == 0).to('neuron')\n"
+        "for _ in range(3):\n"
+        "    y = ((x * 2).masked_fill(m, 0) + x).sum().item()\n"
+        "    torchneuron.wait_for_compiles(timeout=600)\n"
+        "s = torchneuron.adaptive_stats()\n"
+        "print(y, [str(o) for o in recorder._baked], s['graphs_compiled'], s['graphs_segmented'])\n"
+    )
+    env = dict(os.environ, TORCHNEURON_CACHE_DIR=str(tmp_path / "cache"))
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+            for _ in range(2)]
+    expected = ((torch.arange(20.0) * 2).masked_fill(torch.arange(20) % 3 == 0, 0) + torch.arange(20.0)).sum().item()
+    first, second = (r.stdout.strip() for r in runs)
+    assert first == f"{expected} ['aten.masked_fill.Scalar'] 1 1"
+    assert second == f"{expected} ['aten.masked_fill.Scalar'] 1 0"

@@ -20,6 +20,9 @@ import threading
 import torch
 
 from .. import _C, config
+from ..cache.disk import disk_cache
+from ..cache.key import plan_id
+from ..compiler import target_flags
 from ..dispatch.cached_launch import MISS, _key, assemble
 from ..dispatch.stats import dispatched
 from ..lowering import NotCompilable, signature_of
@@ -195,6 +198,8 @@ def _params_of(op, info):
     cached_launch's key wants them), for ops inside fused graphs."""
     params = _params_of_known.get(op)
     if params is None:
+        if op not in _baked and (info.name in _BAKED_NAMES or _learned_bake(op)):
+            _baked.add(op)
         names = frozenset() if op in _baked else graph_param_arg_names(op)
         params = (tuple(n in names for n in info.arg_names), names)
     return params
@@ -202,10 +207,26 @@ def _params_of(op, info):
 
 _baked: set = set()  # ops whose scalars are constants in fused graphs (found by probing)
 _refused: dict = {}  # op -> why it is not recorded (found by probing)
+# Ops whose decompositions branch on a scalar's value (a norm's order) or
+# convert it in a way the importer cannot lower (masked_fill's value): their
+# scalars are constants from the first recording, not after a failed build.
+_BAKED_NAMES = frozenset({"aten._foreach_norm.Scalar", "aten.linalg_vector_norm.default", "aten.masked_fill.Scalar"})
 
 
 def is_baked(op) -> bool:
     return op in _baked
+
+
+def _bake_id(op):
+    return plan_id(("adaptive: scalars baked", str(op)), *target_flags())
+
+
+def _learned_bake(op) -> bool:
+    """Whether probing in an earlier process found that this op's scalars
+    must be constants (remembered on disk: a stored graph plan keeps its
+    segments, so without it later processes would never fuse the op whole)."""
+    disk = disk_cache()
+    return disk is not None and disk.get_plan(_bake_id(op)) is not None
 
 
 def _forget(op) -> None:
@@ -216,9 +237,13 @@ def _forget(op) -> None:
 
 
 def bake(op) -> None:
-    """From now on, this op's scalars are constants of the graphs it is in."""
+    """From now on, this op's scalars are constants of the graphs it is in
+    (remembered on disk for later processes)."""
     _baked.add(op)
     _forget(op)
+    disk = disk_cache()
+    if disk is not None:
+        disk.put_plan(_bake_id(op), {"kind": "bake"})
 
 
 def refuse(op, reason: str) -> None:
