@@ -45,12 +45,16 @@ DTYPES = {
     "bool": torch.bool,
 }
 
-# Device-vs-CPU tolerances (PyTorch's own defaults for the dtype, with float32
-# relaxed to 1e-4: the device kernels (erf, exp, tanh approximations) are not CPU's).
+# Device-vs-CPU (rtol, atol). float16/bfloat16: the larger of assert_close's
+# defaults for the dtype and PyTorch's own device-vs-CPU test
+# (TestCommon.test_compare_cpu: atol=rtol=1e-3): a device may compute in float32
+# and round once where CPU's kernel also rounds intermediates (log_softmax's
+# sum). float32: 1e-4, stricter than that test; the device kernels (erf, exp,
+# tanh approximations) are not CPU's.
 TOLERANCES = {
     torch.float32: (1e-4, 1e-4),
-    torch.float16: (1e-3, 1e-5),
-    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-3),
 }
 
 
@@ -119,6 +123,44 @@ def _not_compared_by_pytorch(opinfo, dtype) -> str:
     return ""
 
 
+# OpInfos whose indices may order equal values either way: torch.sort and
+# torch.argsort (unless stable=True) and torch.topk leave the order of ties
+# unspecified, and CPU's std::sort / partial_sort pick one that no other sort
+# reproduces (float16 and bfloat16 samples meant to hold distinct values round
+# many of them equal). op -> position of dim in the sample's args.
+_TIES_UNORDERED = {"sort": 0, "argsort": 0, "topk": 1}
+
+
+def _with_ties_as_cpu(opinfo, sample, actual, expected):
+    """`actual` with CPU's indices where its own differ only in the order of
+    equal values: its values (if returned) match CPU's, and its indices are
+    distinct along the dimension and pick from the input the values CPU's
+    pick. Otherwise `actual`, unchanged."""
+    at = _TIES_UNORDERED.get(opinfo.name)
+    if at is None or sample.kwargs.get("stable"):
+        return actual
+    pair = isinstance(actual, (tuple, list)) and len(actual) == 2
+    indices, cpu_indices = (actual[1], expected[1]) if pair else (actual, expected)
+    x = sample.input
+    if not (isinstance(indices, torch.Tensor) and isinstance(cpu_indices, torch.Tensor)) or x.dim() == 0 \
+            or indices.shape != cpu_indices.shape or torch.equal(indices, cpu_indices):
+        return actual
+    dim = sample.args[at] if len(sample.args) > at else sample.kwargs.get("dim", -1)
+
+    def same(a, b):
+        return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+    if not bool(((indices >= 0) & (indices < x.shape[dim])).all()):
+        return actual
+    picked = x.gather(dim, cpu_indices)
+    if not same(x.gather(dim, indices), picked) or (pair and not same(actual[0], expected[0])):
+        return actual
+    ordered = indices.sort(dim).values
+    if ordered.shape[dim] > 1 and not bool((ordered.diff(dim=dim) > 0).all()):
+        return actual  # an index twice
+    return type(actual)((actual[0], cpu_indices)) if pair else cpu_indices
+
+
 def run_op(opinfo, dtype, max_samples: int) -> OpResult:
     name = opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
     result = OpResult(name, str(dtype).replace("torch.", ""), "skipped")
@@ -156,8 +198,8 @@ def run_op(opinfo, dtype, max_samples: int) -> OpResult:
             argument_checks.check_unchanged(dev_in, dev_before, cpu_in, cpu_before)
             argument_checks.check_aliasing(argument_checks.tensor_leaves(actual), dev_in,
                                            argument_checks.tensor_leaves(expected), cpu_in)
-            torch.testing.assert_close(tree_map(_to_cpu, actual), expected, rtol=rtol, atol=atol, equal_nan=True,
-                                       check_device=False)
+            torch.testing.assert_close(_with_ties_as_cpu(opinfo, sample, tree_map(_to_cpu, actual), expected),
+                                       expected, rtol=rtol, atol=atol, equal_nan=True, check_device=False)
             # Arguments CPU wrote (inplace=True samples) hold what CPU wrote.
             for i in set(argument_checks.changed(cpu_in, cpu_before)):
                 torch.testing.assert_close(dev_in[i].cpu(), cpu_in[i], rtol=rtol, atol=atol, equal_nan=True,
@@ -251,8 +293,11 @@ def write_markdown(path, results, command: str, max_samples: int) -> None:
         "# OpInfo conformance",
         "",
         "Each OpInfo of PyTorch's `op_db` runs its sample inputs on neuron and on CPU and the",
-        "results are compared (float32 rtol/atol 1e-4 unless the OpInfo overrides it for the",
-        "CPU comparison test). **compiled-pass**: every sample matched and ran as compiled",
+        "results are compared (float32 rtol/atol 1e-4; float16 rtol/atol 1e-3 and bfloat16 rtol",
+        "1.6e-2, atol 1e-3, as PyTorch's own device-vs-CPU test at least; more where the OpInfo",
+        "overrides it for the CPU comparison test; the indices of sort, argsort and topk may",
+        "order equal values otherwise unless a stable sort is asked for, if they pick the same",
+        "values). **compiled-pass**: every sample matched and ran as compiled",
         "executables; **fallback-pass**: matched, with some ops on the host fallback; **fail**:",
         "a mismatch or an error; **skipped**: no sample runs on CPU either, or PyTorch's own",
         "device-vs-CPU test (`TestCommon.test_compare_cpu`) skips the OpInfo or expects it to fail",

@@ -51,6 +51,114 @@ def _accumulate_in_float32(op):
     return decompose
 
 
+def _scan_in_float32(op):
+    """cumsum/cumprod into float16/bfloat16 carry the running value in float32
+    and round each output once, as PyTorch's CPU kernels do (at::acc_type);
+    IREE would carry it in the narrow type (a bfloat16 cumsum of 5 terms was
+    5% off CPU's)."""
+
+    def decompose(x, dim, *, dtype=None):
+        target = dtype or x.dtype
+        if target not in _LOW_PRECISION:
+            return NotImplemented
+        return op(x.to(target).to(torch.float32), dim).to(target)
+
+    return decompose
+
+
+def _layer_norm_in_float32(x, normalized_shape, weight, bias, eps):
+    """native_layer_norm of float16/bfloat16 (weight and bias of the same type
+    or none): moments and normalization in float32, each result rounded once,
+    as PyTorch's CPU kernel does; IREE would compute it in the narrow type."""
+    params = [t for t in (weight, bias) if t is not None]
+    if x.dtype not in _LOW_PRECISION or any(t.dtype != x.dtype for t in params):
+        return NotImplemented
+
+    def up(t):
+        return None if t is None else t.to(torch.float32)
+
+    out = torch.ops.aten.native_layer_norm.default(up(x), normalized_shape, up(weight), up(bias), eps)
+    return tuple(o.to(x.dtype) for o in out)
+
+
+def _rounded_to(x, low):
+    """float32 x rounded to `low` (round to nearest even), still float32.
+    Inside one dispatch IREE's CPU codegen drops a bfloat16 truncf/extf pair
+    (it computes bfloat16 arithmetic in float32), so bfloat16 rounds on the
+    bits; a float16 pair is kept."""
+    if low != torch.bfloat16:
+        return x.to(low).to(torch.float32)
+    bits = x.view(torch.int32)
+    bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -0x10000
+    return torch.where(torch.isnan(x), x, bits.view(torch.float32))
+
+
+def _log_softmax_as_cpu(existing):
+    """bfloat16 log_softmax over the last dimension rounds where PyTorch's CPU
+    kernel (serial_vec_log_softmax_lastdim_range) does: the float32 sum of
+    exp(x - max) and its log are each stored as bfloat16, then x - max -
+    log(sum) is computed in float32 and rounded once (a row whose sum rounds
+    to 1 gives exactly 0 at its max: 4e-3 from float32's answer, beyond PyTorch's
+    device-vs-CPU tolerance). float16 (whose CPU kernel rounds the same way,
+    2e-4 off, within that tolerance) and other dimensions compute in float32
+    and round once (PyTorch's decomposition), as CUDA does: rounding float16's
+    sum too took the float16-autocast demo GPT (cross_entropy's log_softmax is
+    float16 there) 2.4% from float32 in 20 steps."""
+
+    def decompose(x, dim, half_to_float):
+        last = x.dim() == 0 or dim % x.dim() == x.dim() - 1
+        if x.dtype != torch.bfloat16 or half_to_float or not last or x.numel() == 0:
+            return existing(x, dim, half_to_float)
+        xf = x.to(torch.float32)
+        shifted = xf - torch.amax(xf, dim, keepdim=True)
+        total = _rounded_to(torch.sum(torch.exp(shifted), dim, keepdim=True), x.dtype)
+        return (shifted - _rounded_to(torch.log(total), x.dtype)).to(x.dtype)
+
+    return decompose
+
+
+def _batch_norm_as_cpu(op):
+    """native_batch_norm / _batch_norm_with_update of float16/bfloat16
+    (parameters of the same type or none) normalize as PyTorch's CPU kernel:
+    in training the batch mean and 1/sqrt(var + eps) are stored in the
+    input's type first (CPU's save_mean and save_invstd), in evaluation the
+    running statistics serve as they are; then x * a + b, a = invstd * weight,
+    b = bias - mean * a, in float32, rounded once. The saved statistics and
+    running updates stay PyTorch's."""
+
+    def decompose(x, weight, bias, running_mean, running_var, *rest):
+        # native_batch_norm: (..., training, momentum, eps); _batch_norm_with_update: (..., momentum, eps)
+        training, eps = (rest[0] if len(rest) == 3 else True), rest[-1]
+        result = op(x, weight, bias, running_mean, running_var, *rest)
+        params = [t for t in (weight, bias, running_mean, running_var) if t is not None]
+        if x.dtype not in _LOW_PRECISION or any(t.dtype != x.dtype for t in params) or x.numel() == 0:
+            return result
+        xf = x.to(torch.float32)
+        if training or running_mean is None:
+            var, mean = torch.var_mean(xf, [0, *range(2, x.dim())], correction=0)
+            mean, invstd = _rounded_to(mean, x.dtype), _rounded_to(1.0 / torch.sqrt(var + eps), x.dtype)
+        else:
+            mean, invstd = running_mean.to(torch.float32), 1.0 / torch.sqrt(running_var.to(torch.float32) + eps)
+        alpha = invstd if weight is None else invstd * weight.to(torch.float32)
+        beta = -mean * alpha if bias is None else bias.to(torch.float32) - mean * alpha
+        shape = [1, -1] + [1] * (x.dim() - 2)
+        out = (xf * alpha.reshape(shape) + beta.reshape(shape)).to(x.dtype)
+        return (out, *result[1:])
+
+    return decompose
+
+
+def _gelu_tanh(x, approximate="none"):
+    """GELU's tanh approximation with PyTorch's constants: torch-mlir's
+    lowering takes 0.7977240352174656 for sqrt(2/pi) (0.7978845608...),
+    5e-5 off CPU in float32 and 2 ulps in float16."""
+    if approximate != "tanh":
+        return NotImplemented
+    beta = math.sqrt(2.0 / math.pi)
+    inner = beta * (x + 0.044715 * (x * x * x))
+    return 0.5 * x * (1.0 + torch.tanh(inner))
+
+
 def _in_float32(op, existing):
     """A pointwise op on float16/bfloat16 computes in float32 and rounds its
     result once, as PyTorch's kernels do ("opmath"); IREE would compute every
@@ -142,6 +250,8 @@ def direct_decompositions() -> dict:
     plus rewrites that end in the op itself (not for the export's table)."""
     table = dict(own_decompositions())
     table.update(tensor_ops.direct_rewrites())
+    for op in (torch.ops.aten.native_batch_norm.default, torch.ops.aten._batch_norm_with_update.default):
+        table[op] = _batch_norm_as_cpu(op)
     return table
 
 
@@ -160,8 +270,16 @@ def decomposition_table() -> dict:
     table[torch.ops.aten.squeeze.dims] = _squeeze_dims
     table[torch.ops.aten.log10.default] = _log10
     for op in (torch.ops.aten.sum.default, torch.ops.aten.sum.dim_IntList, torch.ops.aten.mean.default,
-               torch.ops.aten.mean.dim):
+               torch.ops.aten.mean.dim, torch.ops.aten.linalg_vector_norm.default):
         table[op] = _accumulate_in_float32(op)
+    for op in (torch.ops.aten.cumsum.default, torch.ops.aten.cumprod.default):
+        table[op] = _scan_in_float32(op)
+    table[torch.ops.aten.native_layer_norm.default] = _layer_norm_in_float32
+    for op in (torch.ops.aten.var.correction, torch.ops.aten.var_mean.correction,
+               torch.ops.aten.native_group_norm.default):
+        table[op] = _in_float32(op, None)  # CPU's moments accumulate in float32 too
+    table[torch.ops.aten._log_softmax.default] = _log_softmax_as_cpu(table[torch.ops.aten._log_softmax.default])
+    table[torch.ops.aten.gelu.default] = _gelu_tanh
     table.update(own_decompositions())
     for op in _pointwise_float_ops():
         table[op] = _in_float32(op, table.get(op))
