@@ -197,6 +197,21 @@ def test_earliest_failure_across_streams_is_raised_first(mode):
             torch.testing.assert_close(_producer(xn, wn).cpu(), _producer(xn.cpu(), wn.cpu()), rtol=1e-4, atol=1e-3)
 
 
+def test_event_synchronize_raises_the_failure_of_the_work_it_waits_for():
+    s = torch.neuron.Stream()
+    _warm(lambda x, w: _producer(x, w))
+    _, _, xn, wn = _inputs()
+    gate = hold(s, release_after=_SAFETY)
+    with torch.neuron.stream(s):
+        _producer(xn, wn)
+        done = s.record_event()
+    gate.fail("injected device fault")
+    with pytest.raises(NeuronAsyncError, match="injected device fault") as raised:
+        done.synchronize()
+    assert f"test_streams.py:{_producer.__code__.co_firstlineno + 1}" in str(raised.value)
+    torch.neuron.synchronize()  # reported once
+
+
 def test_stream_api_matches_cuda_shape():
     high, normal = torch.neuron.Stream(priority=-1), torch.neuron.Stream()
     assert high.priority == -1 and normal.priority == 0
