@@ -145,3 +145,45 @@ def test_a_restarted_process_runs_compiled_from_its_first_call(tmp_path):
     assert runs[0]["ops_on_host_while_compiling"] >= 3 and runs[0]["compiles"] >= 3
     assert runs[1]["ops_on_host_while_compiling"] == 0 and runs[1]["compiles"] == 0
     assert runs[1]["ops_compiled"] >= 3
+
+
+_COLD = """
+import gc, json, threading, torch, torchneuron
+from torchneuron.compiler import target_cpu
+release = threading.Event()
+real_probe = target_cpu._probe
+target_cpu._probe = lambda d: release.wait(600) and real_probe(d)  # the compiler is slow to answer
+x = torch.arange(24.0).reshape(4, 6)
+xn = x.to("neuron")
+y = (xn.cos() * 2 + xn).sum(1)
+ok = torch.allclose(y.cpu(), (x.cos() * 2 + x).sum(1))
+while_probing = {"resolved": target_cpu.resolved() is not None, "ok": ok, "x_kept": torch.equal(xn.cpu(), x),
+                 **torchneuron.execution_stats()}
+frozen = gc.get_freeze_count()
+release.set()
+torchneuron.wait_for_compiles(timeout=600)
+y = (xn.cos() * 2 + xn).sum(1)
+print(json.dumps({"while_probing": while_probing, "frozen": frozen, "ok": torch.allclose(y.cpu(), (x.cos() * 2 + x).sum(1)),
+                  **torchneuron.execution_stats()}))
+"""
+
+
+@pytest.mark.parametrize("freeze", ["1", "0"])
+def test_a_cold_process_does_not_wait_for_its_cpu_to_be_resolved(tmp_path, freeze):
+    """With an empty cache the compiler must first tell which CPU this is
+    (about 0.2 s): the first ops run on the host meanwhile, and compile
+    once it is known. The first op also keeps torch's import-time heap out
+    of the garbage collector's scans (TORCHNEURON_GC_FREEZE, on by default)."""
+    import json
+
+    env = dict(os.environ, TORCHNEURON_CACHE_DIR=str(tmp_path / "cache"), TORCHNEURON_COMPILE_WAIT="0",
+               TORCHNEURON_DEVICE_COUNT="1", TORCHNEURON_GC_FREEZE=freeze)
+    proc = subprocess.run([sys.executable, "-c", _COLD], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "leaked" not in proc.stderr  # frozen objects are let go at exit
+    run = json.loads(proc.stdout.splitlines()[-1])
+    first = run["while_probing"]
+    assert not first["resolved"] and first["ok"] and first["x_kept"]
+    assert first["ops_on_host_while_compiling"] >= 3 and first["ops_compiled"] == 0
+    assert run["ok"] and run["ops_compiled"] >= 3
+    assert (run["frozen"] > 10000) == (freeze == "1")

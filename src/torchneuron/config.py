@@ -79,6 +79,11 @@ class Settings:
     inline_elements: int = field(default_factory=lambda: _env_int("TORCHNEURON_INLINE_ELEMENTS", 65536))
     # Launches queued on a device before the host waits for the oldest.
     max_in_flight: int = field(default_factory=lambda: _env_int("TORCHNEURON_MAX_IN_FLIGHT", 64))
+    # At the first neuron op, move the objects alive then (imported modules,
+    # the model) out of the garbage collector's scans (gc.freeze): a full
+    # collection over torch's import-time heap otherwise stalls a cold
+    # first step by 130-180 ms (see dispatch/entry.py).
+    gc_freeze: bool = field(default_factory=lambda: _env_int("TORCHNEURON_GC_FREEZE", 1) != 0)
     # Compile workers (0: one per core).
     compile_workers: int = field(default_factory=lambda: _env_int("TORCHNEURON_COMPILE_WORKERS", 0))
     # In-memory executable cache bounds.

@@ -22,7 +22,6 @@ import torch
 from .. import _C, config
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
-from ..compiler import target_flags
 from ..dispatch.cached_launch import MISS, _key, assemble
 from ..dispatch.stats import dispatched
 from ..lowering import NotCompilable, signature_of
@@ -218,7 +217,9 @@ def is_baked(op) -> bool:
 
 
 def _bake_id(op):
-    return plan_id(("adaptive: scalars baked", str(op)), *target_flags())
+    # What the importer can lower does not depend on the CPU, and a cold
+    # process records before its CPU is resolved.
+    return plan_id(("adaptive: scalars baked", str(op)), "any target", ())
 
 
 def _learned_bake(op) -> bool:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import subprocess
 import time
 
 from .. import config
+from .pool import in_background, lower_priority
 from .read_only_inputs import inputs_written_in_place, protect_inputs
 
 # IREE HAL driver -> compiler target backend.
@@ -53,6 +55,17 @@ def target_flags(driver: str | None = None, to_run: bool = True) -> tuple:
     return backend, cpu_flags(cpu)
 
 
+def target_known(driver: str | None = None) -> bool:
+    """Whether target_flags() answers now; when the compiler must first
+    resolve this host's CPU (a cold cache), that starts in the background
+    and this is False until it lands."""
+    from . import target_cpu
+
+    if _BACKENDS.get(driver or config.settings.driver) != "llvm-cpu":
+        return True
+    return target_cpu.resolve_soon(config.settings.target_cpu) is not None
+
+
 @functools.lru_cache(maxsize=None)
 def cpu_flags(cpu) -> tuple:
     """The llvm-cpu flags for a resolved CPU (target_cpu.TargetCpu)."""
@@ -69,6 +82,26 @@ def cpu_flags(cpu) -> tuple:
     return tuple(flags)
 
 
+def run_compiler(source, **options) -> bytes:
+    """iree-compile on `source` (ireec.compile_str's options); from a
+    background thread the compiler process runs at a lower priority.
+    Raises ireec.CompilerToolError."""
+    from iree.compiler.tools.binaries import CompilerToolError
+    from iree.compiler.tools.core import CompilerOptions, build_compile_command_line
+    from iree.compiler.tools.debugging import TempFileSaver
+
+    with TempFileSaver.implicit() as temps:
+        command = build_compile_command_line("-", temps, CompilerOptions(**options))
+        data = source.encode() if isinstance(source, str) else bytes(source)
+        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if in_background():
+            lower_priority(process.pid)
+        out, err = process.communicate(data)
+    if process.returncode != 0:
+        raise CompilerToolError(subprocess.CompletedProcess(command, process.returncode, out, err))
+    return out
+
+
 def compile_mlir(mlir: str, what: str, driver: str | None = None, target: tuple | None = None) -> tuple:
     """Compile MLIR text for a driver, or for an explicit (backend, flags)
     target; returns (vmfb bytes, seconds). Raises CompileError."""
@@ -79,16 +112,16 @@ def compile_mlir(mlir: str, what: str, driver: str | None = None, target: tuple 
     try:
         # Two phases, as fast as one: the flow-level program shows which
         # read-only inputs IREE would update in place (read_only_inputs.py).
-        flow = ireec.compile_str(
+        flow = run_compiler(
             mlir, input_type="torch", target_backends=[backend], extra_args=[*flags, "--compile-to=flow"]
         )
         written = inputs_written_in_place(flow.decode())
         if written:
-            vmfb = ireec.compile_str(
+            vmfb = run_compiler(
                 protect_inputs(mlir, written), input_type="torch", target_backends=[backend], extra_args=list(flags)
             )
         else:
-            vmfb = ireec.compile_str(flow, target_backends=[backend], extra_args=[*flags, "--compile-from=flow"])
+            vmfb = run_compiler(flow, target_backends=[backend], extra_args=[*flags, "--compile-from=flow"])
     except ireec.CompilerToolError as e:
         raise CompileError(what, str(e)) from None
     return bytes(vmfb), time.perf_counter() - start

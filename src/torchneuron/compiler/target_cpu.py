@@ -23,7 +23,11 @@ import hashlib
 import json
 import os
 import re
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
+
+from .pool import mark_background
 
 # Enough for the compiler to emit a #hal.executable.target for the CPU.
 _PROBE = ("func.func @probe(%a: tensor<4xf32>) -> tensor<4xf32> {\n"
@@ -93,8 +97,10 @@ def _probe(description: str) -> TargetCpu:
     """Ask the compiler which CPU `description` means (about 0.2-0.4 s)."""
     import iree.compiler as ireec
 
+    from .iree_compile import run_compiler
+
     try:
-        out = ireec.compile_str(_PROBE, target_backends=["llvm-cpu"],
+        out = run_compiler(_PROBE, target_backends=["llvm-cpu"],
                                 extra_args=[CPU_FLAG + description, "--compile-to=executable-sources"])
     except ireec.CompilerToolError as e:
         text = str(e)
@@ -172,11 +178,82 @@ def _save(path: str, cpu: TargetCpu) -> None:
         pass
 
 
-@functools.lru_cache(maxsize=None)
+_resolved: dict = {}  # description -> TargetCpu
+_resolving: dict = {}  # description -> Future of the one resolution under way
+_resolving_lock = threading.Lock()
+
+
 def resolve(description: str = "host") -> TargetCpu:
     """The CPU `description` means, with its features; once per process, and
-    kept in the disk cache so a restart skips the compiler."""
+    kept in the disk cache so a restart skips the compiler. A resolution
+    already under way (resolve_soon) is waited for, not repeated."""
     description = description.strip() or "host"
+    cpu = _resolved.get(description)
+    return cpu if cpu is not None else _resolution(description).result()
+
+
+def _resolution(description: str) -> Future:
+    with _resolving_lock:
+        future = _resolving.get(description)
+        owner = future is None
+        if owner:
+            future = _resolving[description] = Future()
+    if owner:
+        try:
+            cpu = _resolve(description)
+        except BaseException as e:
+            with _resolving_lock:  # not kept: the next call tries again and raises again
+                _resolving.pop(description, None)
+            future.set_exception(e)
+            raise
+        _resolved[description] = cpu
+        future.set_result(cpu)
+    return future
+
+
+def _clear() -> None:
+    with _resolving_lock:
+        _resolved.clear()
+        _resolving.clear()
+
+
+resolve.cache_clear = _clear
+
+
+def resolve_soon(description: str = "host") -> TargetCpu | None:
+    """The resolved CPU when it is known without the compiler (this process
+    resolved it, or the disk cache has it), else None while the compiler
+    resolves it on a background thread (about 0.2 s a cold process's first
+    ops need not wait for: they run on the host path meanwhile). A described
+    CPU ("haswell") resolves here, so a wrong name is reported at once."""
+    description = description.strip() or "host"
+    cpu = _resolved.get(description)
+    if cpu is not None:
+        return cpu
+    under_way = _resolving.get(description)
+    if under_way is not None and not under_way.done():
+        return None
+    path = _store_path(description) if description == "host" else None
+    if description != "host" or (path is not None and _load(path, description) is not None):
+        return resolve(description)
+
+    def run():
+        mark_background()
+        try:
+            _resolution(description)
+        except Exception:  # noqa: BLE001 - whoever needs the CPU resolves again and reports it
+            pass
+
+    threading.Thread(target=run, name="neuron-target-cpu", daemon=True).start()
+    return None
+
+
+def resolved(description: str = "host") -> TargetCpu | None:
+    """The CPU if this process has resolved it already; never waits."""
+    return _resolved.get(description.strip() or "host")
+
+
+def _resolve(description: str) -> TargetCpu:
     if not _DESCRIPTION.match(description):
         raise RuntimeError(f"neuron: TORCHNEURON_TARGET_CPU={description!r} is not a CPU name")
     path = _store_path(description)

@@ -28,7 +28,7 @@ from .. import config
 from ..cache import cache_key, executable_cache, layers
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
-from ..compiler import CompileError, compile_pool, data_tiling, target_flags
+from ..compiler import CompileError, compile_pool, data_tiling, target_flags, target_known
 from ..compiler.pool import background_pool, default_workers
 from ..compiler.progress import progress
 from ..lowering import NeedsResize, NotCompilable, lower_call, signature_of
@@ -237,19 +237,20 @@ def _plan_of(record, info, disk):
 def _new_plan(op, info, sig):
     """The plan a cache layer has for this signature, else one built here
     (compile_wait) or a _Building whose plan lands later."""
+    in_line = _builds_in_line()
+    if not in_line and not target_known():
+        # A cold process's CPU is still being resolved: even the cache
+        # lookup needs it, so the lookup goes to the background too.
+        stats.add_build("background")
+        detached = dataclasses.replace(sig, tensors=[])
+        return _Building(_builder().submit(_plan_in_background, op, info, detached))
     target = target_flags()
     disk = disk_cache()
     pid = plan_id(sig.key, *target) if disk is not None else None
-    if pid is not None:
-        warm_start.record(pid)
-        plan = warm_start.take(pid)
-        if type(plan) is _Bake:
-            plan = None
-        if plan is None:
-            plan = _plan_of(disk.get_plan(pid), info, disk)
-        if plan is not None:
-            return plan
-    if _builds_in_line():
+    plan = _stored_plan(info, disk, pid, preloaded=True)
+    if plan is not None:
+        return plan
+    if in_line:
         started = time.perf_counter()
         try:
             return _build_or_read(op, info, sig, target, disk, pid, lower_call)
@@ -258,6 +259,24 @@ def _new_plan(op, info, sig):
     detached = dataclasses.replace(sig, tensors=[])  # the build must not keep the caller's tensors
     stats.add_build("background")
     return _Building(_builder().submit(_build_in_background, op, info, detached, target, disk, pid))
+
+
+def _stored_plan(info, disk, pid, preloaded=False):
+    if pid is None:
+        return None
+    warm_start.record(pid)
+    plan = warm_start.take(pid) if preloaded else None
+    if type(plan) is _Bake:
+        plan = None
+    return plan if plan is not None else _plan_of(disk.get_plan(pid), info, disk)
+
+
+def _plan_in_background(op, info, sig):
+    target = target_flags()
+    disk = disk_cache()
+    pid = plan_id(sig.key, *target) if disk is not None else None
+    plan = _stored_plan(info, disk, pid)
+    return plan if plan is not None else _build_in_background(op, info, sig, target, disk, pid)
 
 
 def _builds_in_line() -> bool:

@@ -94,22 +94,27 @@ def begin(device_index: int) -> None:
         return
     if disk is None:
         return
+    from ..compiler import target_known
+
+    # With a cold cache the CPU is still being resolved (there is nothing
+    # to preload then either); the manifest is read on a thread regardless,
+    # so the first op never waits for it.
     try:
-        path = _manifest_path(disk)
+        target_known()
     except Exception:  # noqa: BLE001 - the first op reports a target it cannot use
         return
-    ids = _read(path)
-    if ids:
-        threading.Thread(target=_preload, args=(disk, ids, device_index), name="neuron-warm-start",
-                         daemon=True).start()
+    threading.Thread(target=_preload, args=(disk, device_index), name="neuron-warm-start", daemon=True).start()
 
 
-def _preload(disk, ids: list, device_index: int) -> None:
+def _preload(disk, device_index: int) -> None:
     from ..cache.key import code_fingerprint
     from ..runtime import device_queue
     from .eager import plan_from_record
 
     try:
+        ids = _read(_manifest_path(disk))
+        if not ids:
+            return
         code_fingerprint()  # hashes the sources once: off the first step's path
         queue = device_queue(device_index)
         for pid in ids:
