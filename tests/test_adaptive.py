@@ -98,6 +98,65 @@ def test_dead_intermediates_are_not_written(adaptive):
     assert torchneuron.adaptive_stats()["bytes_not_written"] - before >= 2 * 64 * 64 * 4
 
 
+def test_a_dropped_result_frees_its_memory_before_the_cut(adaptive):
+    """As in op mode: the graph holds its own results only weakly, so peak
+    memory does not grow with the ops a graph has recorded."""
+    x = torch.randn(256, 256).to("neuron")
+    torch.neuron.synchronize()
+    assert recorder.pending_graph(0) is None or not recorder.pending_graph(0).ops
+    y = x * 2
+    z = y.exp()
+    held = torch.neuron.memory_allocated()
+    del y  # dropped while its graph is still being recorded
+    assert torch.neuron.memory_allocated() <= held - 256 * 256 * 4
+    assert recorder.pending_graph(0) is not None and len(recorder.pending_graph(0).ops) == 2
+    torch.testing.assert_close(z.cpu(), (x.cpu() * 2).exp())
+
+
+def test_new_memory_where_a_dropped_result_was_is_a_new_input(adaptive):
+    """A tensor allocated outside recording (torch.empty) may get the memory
+    of a result the program dropped; the graph must read the new tensor."""
+    x = torch.randn(33, 17)
+    xn = x.to("neuron")
+    reused = []
+    for _ in range(3):  # op by op, then fused
+        a = xn * 3
+        address = a.data_ptr()
+        b = a + 1
+        del a
+        fresh = torch.empty(33, 17, device="neuron")  # the allocator hands out the block just freed
+        reused.append(fresh.data_ptr() == address)
+        fresh.fill_(-2.0)
+        c = b + fresh
+        torch.testing.assert_close(c.cpu(), x * 3 + 1 - 2)
+        torch.testing.assert_close(fresh.cpu(), torch.full((33, 17), -2.0))  # written where it is
+        torch.testing.assert_close(xn.cpu(), x)
+        torchneuron.wait_for_compiles(timeout=600)
+    assert any(reused)  # the case under test happened
+
+
+def test_a_split_graph_keeps_a_dropped_result_its_second_part_reads(adaptive):
+    """A loop's graph is split where an iteration begins again; a result of
+    the first part that the program dropped but the second part reads still
+    reaches it."""
+    x = torch.randn(9, 7)
+    xn = x.to("neuron")
+    for _ in range(3):  # op by op, then fused
+        torch.neuron.synchronize()
+        a = xn * 3
+        b = a + 1  # reads a
+        c = b * b
+        del a
+        graph = recorder._pending.pop(0)
+        head, tail = graph.split(1)  # tail's first op reads head's dropped result
+        executor.cut(head, "loop")
+        executor.cut(tail, "loop")
+        torch.testing.assert_close(b.cpu(), x * 3 + 1)
+        torch.testing.assert_close(c.cpu(), (x * 3 + 1) ** 2)
+        torchneuron.wait_for_compiles(timeout=600)
+    assert torchneuron.adaptive_stats()["launches"]["fused"] >= 2
+
+
 def test_graphs_are_the_same_from_one_iteration_to_the_next(adaptive):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to("neuron")

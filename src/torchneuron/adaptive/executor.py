@@ -1,7 +1,9 @@
 """Cutting a pending graph and running it: never stall on a compile.
 
-At the cut, the new storages nobody but the graph holds are dead
-intermediates: they are left out of the fused executable's results. The
+At the cut, the graph's results the program no longer holds (the graph
+holds them only weakly) are dead intermediates: they are left out of the
+fused executable's results, and their memory went back to the allocator
+when the program dropped them. The
 graph's identity (its ops, argument layouts, slot structure and live results;
 scalars are runtime inputs) names its fused executable:
 
@@ -41,7 +43,6 @@ from ..runtime import LoadedExecutable, device_queue
 from ..runtime.errors import NeuronAsyncError
 from . import recorder, stats
 
-_use_count = torch._C._storage_Use_Count
 _READY, _BUILDING, _BAD = "ready", "building", "bad"
 
 
@@ -104,10 +105,7 @@ def _run_graph(graph, reason: str) -> None:
     stats.add("ops_recorded", n)
     if n > stats.largest_graph:
         stats.largest_graph = n
-    storages = graph.storages
-    live = tuple(
-        i for i, external in enumerate(graph.external) if not external and _use_count(storages[i]._cdata) > 1
-    )
+    live = graph.hold_results()
     identity = (tuple(graph.identity), live)
     fused = _fused.get(identity)
     if fused is None:
@@ -165,9 +163,10 @@ def _launch_unit(graph, unit) -> None:
     queue = device_queue(index)
     lane = queue.lane_for(unit.largest)
     imp = lane.import_at
-    addresses, dtypes, numels = graph.addresses, graph.dtypes, graph.numels
-    bound = [imp(addresses[i], (numels[i],), dtypes[i]) for i in unit.externals]
-    keepalive = [graph.storages]
+    dtypes, numels, storage_for = graph.dtypes, graph.numels, graph.storage_for
+    held = [storage_for(i) for i in unit.externals]
+    bound = [imp(s.data_ptr(), (numels[i],), dtypes[i]) for s, i in zip(held, unit.externals)]
+    keepalive = [held]
     floats = graph.floats[unit.floats[0]:unit.floats[1]]
     if floats:
         packed = torch.tensor(floats, dtype=torch.float64)
@@ -179,7 +178,9 @@ def _launch_unit(graph, unit) -> None:
         keepalive.append(packed)
         bound.append(lane.import_memory(packed, 0, (len(ints),), torch.int64))
     for i in unit.live:
-        bound.append(imp(addresses[i], (numels[i],), dtypes[i]))
+        storage = storage_for(i)
+        held.append(storage)
+        bound.append(imp(storage.data_ptr(), (numels[i],), dtypes[i]))
     ops = graph.ops[unit.start:unit.end]
     checked = [op for op in ops if op.recipe.checked]
     flag = None
@@ -373,7 +374,7 @@ def _replay(graph, start: int, end: int, allow_compile: bool) -> None:
     def base(slot):
         b = bases.get(slot)
         if b is None:
-            b = bases[slot] = torch.empty(0, dtype=graph.dtypes[slot], device=device).set_(graph.storages[slot])
+            b = bases[slot] = torch.empty(0, dtype=graph.dtypes[slot], device=device).set_(graph.storage_for(slot))
         return b
 
     for rec in graph.ops[start:end]:

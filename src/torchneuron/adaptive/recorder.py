@@ -8,9 +8,12 @@ about a call (result shapes from meta kernels, which arguments it writes, its
 argument structure) is a recipe, remembered under the call's cheap key, so an
 op met before costs a lookup.
 
-A graph refers to memory by storage: each storage its ops touch is a slot,
-held by its Python storage object (never by a tensor: a storage whose only
-holder is the graph at the cut is a dead intermediate, see executor).
+A graph refers to memory by storage: each storage its ops touch is a slot.
+Storages that existed before the graph (its inputs) are held; its own
+results only weakly, so a result the program drops goes back to the
+allocator at once, as in op mode, and later results of the graph may reuse
+its memory: at the cut it is a dead intermediate, computed inside the fused
+executable and written nowhere (see executor).
 """
 
 from __future__ import annotations
@@ -67,6 +70,27 @@ class OpRecord:
         return f"{self.location[0]}:{self.location[1]}"
 
 
+_expired = torch.UntypedStorage._expired
+_strong = torch.UntypedStorage._new_with_weak_ptr
+_free_weak = torch.UntypedStorage._free_weak_ref
+
+
+class Weak:
+    """A weak reference to a graph's own result storage."""
+
+    __slots__ = ("cdata",)
+
+    def __init__(self, storage):
+        self.cdata = storage._weak_ref()
+
+    def get(self):
+        """The storage, or None once the program dropped it."""
+        return None if _expired(self.cdata) else _strong(self.cdata)
+
+    def __del__(self, _free=_free_weak):
+        _free(self.cdata)
+
+
 class PendingGraph:
     """The ops recorded on one device's current stream since its last cut."""
 
@@ -74,11 +98,12 @@ class PendingGraph:
         self.index = index
         self.stream = stream  # the stream its launches go to
         self.slot_of: dict = {}  # storage address -> slot
-        self.storages: list = []  # slot -> UntypedStorage (keeps the memory alive)
+        self.storages: list = []  # slot -> UntypedStorage (an input, held) or Weak (a result)
         self.addresses: list = []
         self.dtypes: list = []
         self.numels: list = []
         self.external: list = []  # slot -> existed before the graph
+        self.revived: dict = {}  # at the cut: result slot -> its storage (see storage_for)
         self.ops: list = []  # OpRecord
         self.identity: list = []  # what makes two graphs the same graph
         self.floats: list = []
@@ -94,18 +119,33 @@ class PendingGraph:
             self.ints.extend(record.ints)
 
     def split(self, at: int):
-        """(ops[:at], ops[at:]) as two graphs of their own."""
-        return self._regraph(self.ops[:at]), self._regraph(self.ops[at:])
+        """(ops[:at], ops[at:]) as two graphs of their own. Results of the
+        first that the second reads become its inputs, so they must exist:
+        one the program dropped gets fresh memory (nothing else sees it)."""
+        head, tail = self.ops[:at], self.ops[at:]
+        made = {s for rec in head for s in rec.out_slots}
+        carried = {}
+        for rec in tail:
+            for s in rec.refs[0::2]:
+                if s in made and s not in carried:
+                    storage = self.storages[s].get()
+                    if storage is None:
+                        storage = new_output((self.numels[s],), self.dtypes[s], self.index).untyped_storage()
+                    carried[s] = storage
+        return self._regraph(head, carried), self._regraph(tail, carried)
 
-    def _regraph(self, records):
+    def _regraph(self, records, carried):
         graph = PendingGraph(self.index, self.stream)
         new_slot = {}
 
         def slot(old, external):
             s = new_slot.get(old)
             if s is None:
-                s = new_slot[old] = graph.add_slot(self.storages[old], self.addresses[old], self.dtypes[old],
-                                                   self.numels[old], external)
+                storage, address = self.storages[old], self.addresses[old]
+                kept = carried.get(old)
+                if kept is not None:
+                    storage, address = (kept if external else Weak(kept)), kept.data_ptr()
+                s = new_slot[old] = graph.add_slot(storage, address, self.dtypes[old], self.numels[old], external)
             return s
 
         for rec in records:
@@ -115,6 +155,31 @@ class PendingGraph:
             outs = [slot(old, False) for old in rec.out_slots]
             graph.add_op(OpRecord(rec.recipe, tuple(refs), rec.floats, rec.ints, outs, rec.location))
         return graph
+
+    def hold_results(self) -> tuple:
+        """At the cut: hold the results the program still holds; their slots."""
+        live = []
+        revived = self.revived
+        for i, held in enumerate(self.storages):
+            if type(held) is Weak:
+                storage = held.get()
+                if storage is not None:
+                    revived[i] = storage
+                    live.append(i)
+        return tuple(live)
+
+    def storage_for(self, slot):
+        """After hold_results: where a slot's memory is. A result the program
+        dropped gets fresh memory, for when it must exist after all (ops run
+        one by one, or a boundary between a graph's segments)."""
+        held = self.storages[slot]
+        if type(held) is not Weak:
+            return held
+        storage = self.revived.get(slot)
+        if storage is None:
+            storage = self.revived[slot] = new_output((self.numels[slot],), self.dtypes[slot],
+                                                      self.index).untyped_storage()
+        return storage
 
     def add_slot(self, storage, address, dtype, numel, external) -> int:
         slot = len(self.storages)
@@ -343,6 +408,10 @@ def _append(recipe, tensors, floats, ints):
         address = storage.data_ptr()
         slot = slot_of.get(address)
         dtype = t.dtype
+        if slot is not None:
+            held = graph.storages[slot]
+            if type(held) is Weak and _expired(held.cdata):
+                slot = None  # a new storage where a dropped result's memory was
         if slot is None:
             nbytes = storage.nbytes()
             if nbytes % dtype.itemsize:
@@ -362,7 +431,7 @@ def _append(recipe, tensors, floats, ints):
         address = storage.data_ptr()
         slot = len(storages)
         slot_of[address] = slot
-        storages.append(storage)
+        storages.append(Weak(storage))
         addresses.append(address)
         dtypes.append(dtype)
         numels.append(numel)
