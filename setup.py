@@ -6,6 +6,7 @@ import os
 os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 
 from setuptools import setup  # noqa: E402
+import torch  # noqa: E402
 from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
 
 setup(
@@ -20,7 +21,11 @@ setup(
                 "csrc/kernels.cpp",
                 "csrc/memory_guards.cpp",
                 "csrc/module.cpp",
+                "csrc/profiler.cpp",
             ],
+            # The kineto plugin (csrc/profiler.cpp) builds against torch's kineto headers.
+            include_dirs=[os.path.join(os.path.dirname(torch.__file__), "include", "kineto")],
+            define_macros=[("USE_KINETO", None), ("FMT_HEADER_ONLY", "1")],
             extra_compile_args=["-O2", "-std=c++17"],
         )
     ],

@@ -13,6 +13,8 @@
 namespace torchneuron {
 extern std::atomic<uint64_t> supported_dtypes_mask;
 void set_stream_api(pybind11::object api);  // guard.cpp
+void set_profiler_api(pybind11::object api);  // profiler.cpp
+uint64_t current_correlation_id();  // profiler.cpp
 
 namespace {
 
@@ -114,6 +116,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     supported_dtypes_mask.store(mask);
   });
   m.def("set_stream_api", [](pybind11::object api) { set_stream_api(std::move(api)); });
+  m.def("set_profiler_api", [](pybind11::object api) { set_profiler_api(std::move(api)); });
+  m.def("correlation_id", &current_correlation_id);
   m.def("current_stream", [](int i) { return current_stream_id(static_cast<c10::DeviceIndex>(i)); });
   m.def("exchange_stream", [](int i, int64_t id) {
     return exchange_stream_id(static_cast<c10::DeviceIndex>(i), id);

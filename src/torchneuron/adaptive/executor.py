@@ -26,7 +26,7 @@ from collections import OrderedDict
 
 import torch
 
-from .. import _C, config
+from .. import _C, config, trace
 from ..cache import executable_cache, layers
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
@@ -158,6 +158,22 @@ class _FusedWhat:
         return f"{what} (in a fused graph: {self.text})", source
 
 
+class _Traced:
+    """A fused launch's description with its ops and their lines, for the profiler."""
+
+    __slots__ = ("what", "members")
+
+    def __init__(self, what, members):
+        self.what = what
+        self.members = members  # ((op name, "file:line"), ...)
+
+    def __str__(self):
+        return str(self.what)
+
+    def culprit(self, flags):
+        return self.what.culprit(flags)
+
+
 def _launch_unit(graph, unit) -> None:
     index = graph.index
     queue = device_queue(index)
@@ -190,6 +206,8 @@ def _launch_unit(graph, unit) -> None:
         keepalive.append(flag)
         bound.append(lane.import_memory(flag, 0, (len(checked),), torch.bool))
         what = _FusedWhat(unit.what, [(op.recipe.what, op.source()) for op in checked])
+    if trace.sink is not None:  # the profiler shows each op of the graph with its line
+        what = _Traced(what, tuple((op.recipe.info.name, op.source()) for op in ops))
     queue.launch(unit.executable, bound, keepalive, what, flag, lane)
     stats.add("ops_fused", len(ops))
     compiled = op_stats.compiled
@@ -411,10 +429,15 @@ def _run_one(r, rec, args, kwargs, outs, device, allow_compile) -> None:
     host_args = host_fallback._to_host(args, aliases)
     host_kwargs = {k: host_fallback._to_host(v, aliases) for k, v in kwargs.items()}
     host_args, host_kwargs = numbers_as_tensors(r.op, host_args, host_kwargs)
+    watching = trace.sink
+    started = time.time_ns() if watching is not None else 0
     try:
         result = r.op(*host_args, **host_kwargs)
     except Exception as e:
         raise NeuronAsyncError(f"neuron: {r.what} (issued at {rec.source()}) failed: {e}") from e
+    if watching is not None:
+        watching.host("host op", r.info.name, started, time.time_ns(), source=rec.source(),
+                      reason="its graph's executable is still compiling")
     for j, path in r.outputs:
         _C.host_alias(outs[j]).copy_(_get(result, path))
 

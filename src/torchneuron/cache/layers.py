@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
+from .. import trace
 from . import leader
 from .disk import disk_cache
 from .key import key_components
@@ -36,6 +38,17 @@ stats = LayerStats()
 def fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service: bool = True) -> tuple:
     """(vmfb, compile seconds, source); source is where the executable came
     from: disk, remote, service, peer (another rank) or compiled (here)."""
+    watching = trace.sink
+    if watching is None:
+        return _fetch_or_compile(key, mlir, what, target, use_service)
+    started = time.time_ns()
+    vmfb, seconds, source = _fetch_or_compile(key, mlir, what, target, use_service)
+    watching.host("compile", str(what), started, time.time_ns(), layer=source, key=key,
+                  compile_seconds=round(seconds, 4))
+    return vmfb, seconds, source
+
+
+def _fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service: bool) -> tuple:
     from ..compiler import compile_mlir
     from ..service import ServiceUnavailable, service_client
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
+import time
 import warnings
 
 import torch
 
-from .. import _C, config
+from .. import _C, config, trace
 from .. import runtime
 from ..lowering import NotCompilable
 from ..eval import registry as shape_registry
@@ -243,7 +244,14 @@ def _transfer(op, info, args, kwargs, device):
                 pass
     runtime.synchronize_all()
     stats.record(stats.transfers, info.name)
-    return host_fallback.run(op, info, args, kwargs, device)
+    watching = trace.sink
+    if watching is None:
+        return host_fallback.run(op, info, args, kwargs, device)
+    started = time.time_ns()
+    result = host_fallback.run(op, info, args, kwargs, device)
+    moved = sum(a.nbytes for a in args if isinstance(a, torch.Tensor))
+    watching.host("transfer", info.name, started, time.time_ns(), bytes=moved)
+    return result
 
 
 _COPY = torch.ops.aten.copy_.default
@@ -272,7 +280,7 @@ def run_while_compiling(op, info, args, kwargs, device):
     # device ops, each piece would be a signature of its own to build.
     if not info.host_kernel:
         return _by_decomposition(op, info, args, kwargs, "its executable is still compiling")
-    return _on_host(op, info, args, kwargs, device)
+    return _on_host(op, info, args, kwargs, device, "its executable is still compiling")
 
 
 def _by_decomposition(op, info, args, kwargs, reason):
@@ -283,9 +291,13 @@ def _by_decomposition(op, info, args, kwargs, reason):
     return decomposition(*args, **kwargs)
 
 
-def _on_host(op, info, args, kwargs, device):
+def _on_host(op, info, args, kwargs, device, why):
     runtime.synchronize_all()
+    watching = trace.sink
+    started = time.time_ns() if watching is not None else 0
     result = host_fallback.run(op, info, args, kwargs, device)
+    if watching is not None:
+        watching.host("host op", info.name, started, time.time_ns(), reason=why)
     if config.settings.check_memory:
         from ..runtime import memory_guards
         from ..runtime.errors import user_source_line
@@ -309,7 +321,7 @@ def _run_on_host(op, info, args, kwargs, device, reason):
         _warned.add(info.name)
         warnings.warn(f"torchneuron: {info.name} runs on the host fallback: {reason}", stacklevel=3)
     stats.record(stats.host_fallback, info.name)
-    return _on_host(op, info, args, kwargs, device)
+    return _on_host(op, info, args, kwargs, device, f"host fallback: {reason}")
 
 
 def _decomposition_of(op):

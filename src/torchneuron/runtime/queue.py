@@ -16,11 +16,12 @@ from __future__ import annotations
 import ctypes
 import itertools
 import threading
+import time
 from collections import deque
 
 import numpy as np
 
-from .. import _C, config
+from .. import _C, config, trace
 from ..device.hal import hal_device, inline_device
 from . import memory_guards
 from .errors import NeuronAsyncError, user_source_line
@@ -316,22 +317,31 @@ class DeviceQueue:
         if config.settings.check_memory:
             self._launch_checked(lane, context, fn, views, keepalive, what, flag)
             return
+        watching = trace.sink
         with self._lock:
             if lane.inline:
                 timeline = lane.timeline
                 if timeline.busy():
                     self._note(timeline.wait(timeline.value, self.index))
-                lane.run_inline(context, fn, views, what)
+                if watching is not None:
+                    started = time.time_ns()
+                    lane.run_inline(context, fn, views, what)
+                    watching.ran(self.index, lane.stream, what, started, time.time_ns())
+                else:
+                    lane.run_inline(context, fn, views, what)
                 self.launches += 1
                 if flag is not None and _C.host_alias(flag).any():
                     self._note((lane.value, keepalive, what, user_source_line(), flag, next(_issued)))
                 if config.settings.launch_blocking:
                     self.synchronize()
                 return
+            issued = time.time_ns() if watching is not None else 0
             try:
                 lane.invoke(context, fn, views, keepalive, what, user_source_line(), flag)
             except NeuronAsyncError as refused:
                 self._refused(refused)
+            if watching is not None:
+                watching.queued(self.index, lane.stream, what, issued, lane.semaphore, lane.value)
             self.launches += 1
             if config.settings.launch_blocking:
                 self.synchronize()
@@ -414,11 +424,18 @@ class DeviceQueue:
 
     def synchronize(self, stream: int | None = None) -> None:
         """Wait for every stream's work (or one stream's); raise the earliest failure."""
+        watching = trace.sink
+        started = time.time_ns() if watching is not None else 0
         with self._lock:
-            if stream is None:
-                self._drain()
-            else:
-                self._drain([self.timeline(stream)])
+            try:
+                if stream is None:
+                    self._drain()
+                else:
+                    self._drain([self.timeline(stream)])
+            finally:
+                if watching is not None:
+                    watching.host("synchronize", "synchronize", started, time.time_ns(), device=self.index,
+                                  stream=-1 if stream is None else stream)
             bad, self._bad = self._bad, None
         if config.settings.check_memory:
             memory_guards.verify("an op before this synchronization", user_source_line(), thorough=True)

@@ -1,0 +1,148 @@
+"""What the kineto plugin (csrc/profiler.cpp) collects: device events.
+
+The plugin calls `start`, `stop` and `collect` on the object installed with
+`_C.set_profiler_api`. While a session records, the device queues tell this
+module of every launch (`runtime.queue.observer`):
+
+- an inline launch runs on the calling thread: its start and end are known;
+- a queued launch is known when it was issued and at which value of its
+  stream's timeline it ends; a watcher thread stamps the time the device
+  reached that value. It started when it was issued or when the launch
+  before it on the same timeline ended, whichever is later (a timeline runs
+  its launches in order).
+
+Each event keeps the correlation id of the CPU op being dispatched when it
+was issued (kineto links the two) and the user's source line.
+"""
+
+from __future__ import annotations
+
+import queue as _queue
+import threading
+import time
+
+from .. import _C, trace
+from ..runtime.errors import user_source_line
+
+LAUNCH, COPY, RUNTIME = 0, 1, 2  # event kinds, as csrc/profiler.cpp maps them
+# Rows of host work on the device's timeline view (csrc/profiler.cpp names them).
+ROWS = {"compile": -1, "host op": -2, "transfer": -3, "synchronize": -4}
+
+
+class _Launch:
+    __slots__ = ("index", "stream", "what", "members", "issued", "ended", "correlation", "source", "order")
+
+    def __init__(self, index, stream, what, issued, ended, correlation, source, order):
+        self.index = index
+        self.stream = stream
+        self.what = str(what)
+        self.members = getattr(what, "members", ())  # a fused graph's ops and their lines
+        self.issued = issued
+        self.ended = ended  # None until the device reached it
+        self.correlation = correlation
+        self.source = source
+        self.order = order
+
+
+class _Session:
+    """One recording: the launches it saw, in issue order."""
+
+    def __init__(self):
+        self.launches: list = []
+        self.host_work: list = []  # (kind, name, start, end, correlation, details)
+        self.lock = threading.Lock()
+        self.todo: _queue.SimpleQueue = _queue.SimpleQueue()
+        self.watcher = threading.Thread(target=self._watch, name="neuron-profiler", daemon=True)
+        self.watcher.start()
+
+    # -- trace.sink -----------------------------------------------------------
+
+    def ran(self, index, stream, what, started, ended) -> None:
+        self._add(_Launch(index, stream, what, started, ended, _C.correlation_id(), user_source_line(), 0))
+
+    def queued(self, index, stream, what, issued, semaphore, value) -> None:
+        launch = _Launch(index, stream, what, issued, None, _C.correlation_id(), user_source_line(), 0)
+        self._add(launch)
+        self.todo.put((launch, semaphore, value))
+
+    def host(self, kind, name, started, ended, **details) -> None:
+        details.setdefault("source", user_source_line())
+        item = (kind, name, started, ended, _C.correlation_id(), details)
+        with self.lock:
+            self.host_work.append(item)
+
+    def _add(self, launch) -> None:
+        with self.lock:
+            launch.order = len(self.launches)
+            self.launches.append(launch)
+
+    def _watch(self) -> None:
+        while True:
+            item = self.todo.get()
+            if item is None:
+                return
+            launch, semaphore, value = item
+            try:
+                semaphore.wait(value)  # releases the GIL while it waits
+            except Exception:  # noqa: BLE001 - a failed launch: its end is when it was seen failed
+                pass
+            launch.ended = time.time_ns()
+            del item, semaphore  # hold no semaphore while idle
+
+    def finish(self, timeout: float = 60.0) -> None:
+        """Wait (bounded) until every queued launch seen is stamped."""
+        self.todo.put(None)
+        self.watcher.join(timeout)
+
+    def events(self) -> list:
+        last_end: dict = {}  # (device, stream) -> when its previous launch ended
+        out = []
+        for launch in self.launches:
+            if launch.ended is None:
+                continue  # still running when the session ended
+            row = (launch.index, launch.stream)
+            start = max(launch.issued, last_end.get(row, 0))
+            last_end[row] = launch.ended
+            details = {"source": launch.members[0][1] if launch.members else launch.source, "launch": launch.what}
+            if launch.members:
+                details["ops"] = "; ".join(f"{name} at {line}" for name, line in launch.members)
+            out.append((LAUNCH, _name(launch.what), start, launch.ended, launch.index, launch.stream,
+                        launch.correlation, details))
+        for kind, name, started, ended, correlation, details in self.host_work:
+            out.append((COPY if kind == "transfer" else RUNTIME, f"{kind}: {name}", started, ended,
+                        details.get("device", 0), ROWS[kind], correlation,
+                        {k: str(v) for k, v in dict(details, kind=kind).items()}))
+        return out
+
+
+def _name(what: str) -> str:
+    """The event's name: the op (aten.add.Tensor) or 'fused graph [...]'."""
+    if what.startswith("fused graph"):
+        return what.split(" from ", 1)[0]
+    return what.split("(", 1)[0]
+
+
+_session = None
+
+
+class _Api:
+    """What csrc/profiler.cpp calls (with the GIL held)."""
+
+    def start(self) -> None:
+        global _session
+        _session = _Session()
+        trace.sink = _session
+
+    def stop(self) -> None:
+        session = _session
+        trace.sink = None
+        if session is not None:
+            session.finish()
+
+    def collect(self) -> list:
+        global _session
+        session, _session = _session, None
+        return session.events() if session is not None else []
+
+
+_C.set_profiler_api(_Api())

@@ -1,0 +1,15 @@
+"""Where the layers report what a profiler session shows (profiler/recorder.py).
+
+`sink` is None unless torch.profiler records device activity, so a layer
+pays one module-attribute read. The session receives:
+
+- `ran(index, stream, what, start_ns, end_ns)`: a launch run inline;
+- `queued(index, stream, what, issued_ns, semaphore, value)`: a launch
+  queued on a timeline (it ends when the semaphore reaches the value);
+- `host(kind, name, start_ns, end_ns, **details)`: work on the host:
+  "compile", "host op", "transfer", "synchronize".
+
+A leaf module: every layer may import it.
+"""
+
+sink = None
