@@ -249,7 +249,7 @@ def _transfer(op, info, args, kwargs, device):
         return host_fallback.run(op, info, args, kwargs, device)
     started = time.time_ns()
     result = host_fallback.run(op, info, args, kwargs, device)
-    moved = sum(a.nbytes for a in args if isinstance(a, torch.Tensor))
+    moved = max((a.nbytes for a in args if isinstance(a, torch.Tensor)), default=0)  # copy_(dst, src): once
     watching.host("transfer", info.name, started, time.time_ns(), bytes=moved)
     return result
 

@@ -66,7 +66,8 @@ class _Session:
         self.todo.put((launch, semaphore, value))
 
     def host(self, kind, name, started, ended, **details) -> None:
-        details.setdefault("source", user_source_line())
+        if kind != "compile":  # compiles run on background threads: no line of the program's
+            details.setdefault("source", user_source_line())
         item = (kind, name, started, ended, _C.correlation_id(), details)
         with self.lock:
             self.host_work.append(item)

@@ -1,0 +1,157 @@
+"""The device's work in torch.profiler (issue: profiling): launches as device
+events linked to the CPU ops that issued them, with the user's source line;
+host work (compiles, host-path ops, transfers, synchronizations) on rows of
+its own; fused graphs list their ops and lines."""
+
+import inspect
+import json
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+import torchneuron
+from torchneuron import trace
+
+_ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
+_DEVICE = torch.autograd.DeviceType.PrivateUse1
+
+
+def _line_of(fn, text: str) -> str:
+    """'file:line' of the line of `fn` containing `text`."""
+    lines, first = inspect.getsourcelines(fn)
+    for k, line in enumerate(lines):
+        if text in line:
+            return f"{inspect.getsourcefile(fn)}:{first + k}"
+    raise AssertionError(text)
+
+
+def _device_events(prof) -> list:
+    return [e for e in prof.events() if e.device_type == _DEVICE]
+
+
+def _trace(prof, tmp_path) -> list:
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    return json.loads(path.read_text())["traceEvents"]
+
+
+def _work(x, w):
+    y = torch.relu(x @ w)
+    return (y * 2).sum()
+
+
+@pytest.fixture
+def compiled():
+    """Op mode with every executable of _work built before profiling."""
+    torch.manual_seed(0)
+    x, w = torch.randn(300, 300), torch.randn(300, 300)
+    xn, wn = x.to("neuron"), w.to("neuron")
+    _work(xn, wn).item()
+    assert torchneuron.wait_for_compiles(timeout=600)
+    _work(xn, wn).item()
+    return x, w, xn, wn
+
+
+def test_launches_are_device_events_linked_to_their_ops(compiled, tmp_path):
+    x, w, xn, wn = compiled
+    with profile(activities=_ACTIVITIES) as prof:
+        value = _work(xn, wn).item()
+    assert value == pytest.approx(_work(x, w).item(), rel=1e-4)
+    events = _device_events(prof)
+    names = [e.name for e in events]
+    for op in ("aten.mm.default", "aten.relu.default", "aten.mul.Tensor", "aten.sum.default"):
+        assert op in names, names
+    assert all(e.time_range.end >= e.time_range.start for e in events)
+    # Each device event counts as device time of the CPU op that issued it.
+    mm = next(a for a in prof.key_averages() if a.key == "aten::mm")
+    assert mm.self_device_time_total > 0
+    assert trace.sink is None  # off again: the launch path pays nothing
+
+    kernels = [e for e in _trace(prof, tmp_path) if e.get("cat") == "kernel"]
+    mm_event = next(e for e in kernels if e["name"] == "aten.mm.default")
+    assert mm_event["args"]["source"] == _line_of(_work, "x @ w")
+    assert "float32[300, 300]" in mm_event["args"]["launch"]
+
+
+def test_queued_and_inline_launches_and_stream_rows(compiled, tmp_path):
+    big = torch.randn(512, 512).to("neuron")  # above the inline size: queued on the timeline
+    small = torch.randn(8).to("neuron")  # inline
+    for _ in range(2):
+        (big * 3).sum().item(), (small * 3).sum().item()
+        torchneuron.wait_for_compiles(timeout=600)
+    side = torch.neuron.Stream()
+    with profile(activities=_ACTIVITIES) as prof:
+        a = big * 3
+        b = small * 3
+        with torch.neuron.stream(side):
+            c = big * 3
+        torch.neuron.synchronize()
+    torch.testing.assert_close(a.cpu(), big.cpu() * 3)
+    torch.testing.assert_close(b.cpu(), small.cpu() * 3)
+    torch.testing.assert_close(c.cpu(), big.cpu() * 3)
+    muls = [e for e in _trace(prof, tmp_path) if e.get("cat") == "kernel" and e["name"] == "aten.mul.Tensor"]
+    assert len(muls) == 3
+    rows = sorted(e["tid"] for e in muls)
+    assert rows[0] == 0 and rows[-1] == side.stream_id  # the side stream's launch on its own row
+    assert all(e["dur"] > 0 for e in muls)
+
+
+def test_host_work_compiles_host_ops_transfers_and_syncs(tmp_path):
+    torchneuron.reset_stats()
+    torchneuron.config.set(compile_wait=False)
+    x = torch.randn(37, 41)  # a shape nothing compiled yet
+    with profile(activities=_ACTIVITIES) as prof:
+        xn = x.to("neuron")
+        y = torch.tanh(xn) + 1  # met first: on the host while it compiles
+        torch.testing.assert_close(y.cpu(), torch.tanh(x) + 1)
+        assert torchneuron.wait_for_compiles(timeout=600)
+    events = _trace(prof, tmp_path)
+    host = [e for e in events if e["name"].startswith("host op: ")]
+    assert any(e["name"] == "host op: aten.tanh.default" and "compiling" in e["args"]["reason"] for e in host)
+    assert all(e["args"]["source"].endswith(".py:" + e["args"]["source"].rsplit(":", 1)[1]) for e in host)
+    compiles = [e for e in events if e["name"].startswith("compile: ")]
+    assert compiles and all(e["args"]["layer"] in ("compiled", "disk", "remote", "service", "peer") for e in compiles)
+    transfers = [e for e in events if e["name"].startswith("transfer: ")]
+    assert len(transfers) >= 2  # to the device and back
+    assert any(int(e["args"]["bytes"]) == x.nbytes for e in transfers)
+    assert any(e["name"] == "synchronize: synchronize" for e in events)
+
+
+def _fused_step(x):
+    y = x * 2
+    y = y + 1
+    return torch.tanh(y).sum()
+
+
+def test_a_fused_graph_lists_its_ops_and_their_lines(tmp_path):
+    torchneuron.config.set(compile_wait=False)
+    x = torch.randn(64, 64)
+    xn = x.to("neuron")
+    with torchneuron.eager_mode("adaptive"):
+        for _ in range(2):
+            _fused_step(xn).item()
+            assert torchneuron.wait_for_compiles(timeout=600)
+        with profile(activities=_ACTIVITIES) as prof:
+            value = _fused_step(xn).item()
+    assert value == pytest.approx(_fused_step(x).item(), rel=1e-4)
+    fused = [e for e in _trace(prof, tmp_path) if e.get("cat") == "kernel" and e["name"].startswith("fused graph")]
+    assert fused, "no fused launch recorded"
+    ops = fused[0]["args"]["ops"]
+    for op, text in (("aten.mul.Tensor", "x * 2"), ("aten.add.Tensor", "y + 1"), ("aten.tanh.default", "torch.tanh")):
+        assert f"{op} at {_line_of(_fused_step, text)}" in ops, ops
+    assert fused[0]["args"]["source"] == _line_of(_fused_step, "x * 2")
+
+
+def test_schedules_and_record_function_keep_working(compiled):
+    x, w, xn, wn = compiled
+    seen = []
+    plan = schedule(wait=1, warmup=1, active=2, repeat=1)
+    with profile(activities=_ACTIVITIES, schedule=plan, record_shapes=True, with_stack=True,
+                 on_trace_ready=lambda p: seen.append(len(_device_events(p)))) as prof:
+        for _ in range(5):
+            with torch.profiler.record_function("my step"):
+                _work(xn, wn).item()
+            prof.step()
+    assert len(seen) == 1 and seen[0] >= 2 * 4  # two active steps of four launches each
+    assert trace.sink is None
