@@ -155,3 +155,31 @@ def test_schedules_and_record_function_keep_working(compiled):
             prof.step()
     assert len(seen) == 1 and seen[0] >= 2 * 4  # two active steps of four launches each
     assert trace.sink is None
+
+
+def test_parquet_tables(compiled, tmp_path):
+    import pyarrow.parquet as pq
+
+    x, w, xn, wn = compiled
+    with profile(activities=_ACTIVITIES, record_shapes=True) as prof:
+        _work(xn, wn).item()
+    paths = torchneuron.profiler.export_parquet(prof, str(tmp_path / "profile"))
+    assert sorted(paths) == ["compiles", "events", "lines", "ops"]
+    events = pq.read_table(paths["events"]).to_pylist()
+    launches = [e for e in events if e["kind"] == "launch"]
+    assert {e["name"] for e in launches} >= {"aten.mm.default", "aten.relu.default"}
+    mm = next(e for e in launches if e["name"] == "aten.mm.default")
+    assert mm["source"] == _line_of(_work, "x @ w") and mm["duration_ns"] > 0
+    # The launch links to the CPU op that issued it.
+    cpu_mm = [e for e in events if e["kind"] == "cpu_op" and e["name"] == "aten::mm"]
+    assert any(e["correlation"] == mm["correlation"] for e in cpu_mm)
+    assert any(e["input_shapes"] for e in cpu_mm)
+    starts = [e["start_ns"] for e in events]
+    assert starts == sorted(starts)
+    assert abs(cpu_mm[0]["start_ns"] - mm["start_ns"]) < 5e9  # one clock for both
+    lines = {r["source"]: r for r in pq.read_table(paths["lines"]).to_pylist()}
+    assert lines[_line_of(_work, "x @ w")]["launches"] >= 2  # mm and relu
+    assert "aten.mm.default" in lines[_line_of(_work, "x @ w")]["ops"]
+    ops = {r["op"]: r for r in pq.read_table(paths["ops"]).to_pylist()}
+    assert ops["aten.mm.default"]["launches"] == 1 and ops["aten.mm.default"]["device_ns"] == mm["duration_ns"]
+    assert pq.read_table(paths["compiles"]).num_rows == 0  # everything was built before

@@ -141,9 +141,13 @@ class _Api:
             session.finish()
 
     def collect(self) -> list:
-        global _session
+        global _session, last_events
         session, _session = _session, None
-        return session.events() if session is not None else []
+        last_events = session.events() if session is not None else []
+        return last_events
+
+
+last_events: list = []  # the last session's events, for export.py
 
 
 _C.set_profiler_api(_Api())
