@@ -223,3 +223,22 @@ def test_the_profile_command_reports_lines_ops_and_hints(tmp_path):
     assert "<svg" in page and "aten.mm.default" in page and (tmp_path / "t.png").stat().st_size > 1000
     ops = {r["op"]: r for r in pq.read_table(str(tmp_path / "pq" / "ops.parquet")).to_pylist()}
     assert ops["aten.mm.default"]["launches"] == 30 and ops["aten.mm.default"]["device_ns"] > 0
+
+
+def _compiled_fn(x, w):
+    h = x @ w
+    return torch.tanh(h) * 2
+
+
+def test_a_torch_compile_graph_lists_its_ops_and_lines(tmp_path):
+    x, w = torch.randn(16, 16), torch.randn(16, 16)
+    xn, wn = x.to("neuron"), w.to("neuron")
+    fn = torch.compile(_compiled_fn, backend="neuron")
+    fn(xn, wn).cpu()
+    with profile(activities=_ACTIVITIES) as prof:
+        out = fn(xn, wn)
+        torch.testing.assert_close(out.cpu(), _compiled_fn(x, w), rtol=1e-4, atol=1e-4)
+    graphs = [e for e in _trace(prof, tmp_path) if e.get("cat") == "kernel" and e["name"].startswith("torch.compile")]
+    assert graphs, "no torch.compile launch recorded"
+    ops = graphs[0]["args"]["ops"]
+    assert f"at {_line_of(_compiled_fn, 'x @ w')}" in ops and f"at {_line_of(_compiled_fn, 'torch.tanh')}" in ops

@@ -13,3 +13,20 @@ A leaf module: every layer may import it.
 """
 
 sink = None
+
+
+class Traced:
+    """A launch's description with the ops it runs and their source lines
+    (a fused graph, a torch.compile graph), made only while a session records."""
+
+    __slots__ = ("what", "members")
+
+    def __init__(self, what, members):
+        self.what = what
+        self.members = members  # ((op name, "file:line"), ...)
+
+    def __str__(self):
+        return str(self.what)
+
+    def __getattr__(self, name):  # what.culprit(...) of a fused graph with index checks
+        return getattr(self.what, name)

@@ -158,22 +158,6 @@ class _FusedWhat:
         return f"{what} (in a fused graph: {self.text})", source
 
 
-class _Traced:
-    """A fused launch's description with its ops and their lines, for the profiler."""
-
-    __slots__ = ("what", "members")
-
-    def __init__(self, what, members):
-        self.what = what
-        self.members = members  # ((op name, "file:line"), ...)
-
-    def __str__(self):
-        return str(self.what)
-
-    def culprit(self, flags):
-        return self.what.culprit(flags)
-
-
 def _launch_unit(graph, unit) -> None:
     index = graph.index
     queue = device_queue(index)
@@ -207,7 +191,7 @@ def _launch_unit(graph, unit) -> None:
         bound.append(lane.import_memory(flag, 0, (len(checked),), torch.bool))
         what = _FusedWhat(unit.what, [(op.recipe.what, op.source()) for op in checked])
     if trace.sink is not None:  # the profiler shows each op of the graph with its line
-        what = _Traced(what, tuple((op.recipe.info.name, op.source()) for op in ops))
+        what = trace.Traced(what, tuple((op.recipe.info.name, op.source()) for op in ops))
     queue.launch(unit.executable, bound, keepalive, what, flag, lane)
     stats.add("ops_fused", len(ops))
     compiled = op_stats.compiled

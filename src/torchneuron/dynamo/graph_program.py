@@ -27,6 +27,7 @@ import sympy
 import torch
 import torch.fx
 
+from .. import trace
 from ..cache import executable_cache
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
@@ -98,6 +99,22 @@ class GraphProgram:
         self.write_back = _updates_as_results(self.gm)
         self._outputs(self.gm)
         self.what = _describe(gm, kind)
+        self._members = None
+
+    def members(self) -> tuple:
+        """(op, "file:line") of each op with a source line, for the profiler."""
+        if self._members is None:
+            found = []
+            for node in self.gm.graph.nodes:
+                if node.op != "call_function":
+                    continue
+                frames = [ln.strip() for ln in (node.meta.get("stack_trace") or "").strip().splitlines()
+                          if ln.strip().startswith("File ")]
+                m = re.match(r'File "([^"]+)", line (\d+)', frames[-1]) if frames else None
+                if m:
+                    found.append((str(node.target), f"{m.group(1)}:{m.group(2)}"))
+            self._members = tuple(found)
+        return self._members
 
     def _outputs(self, gm) -> None:
         """How each graph output is produced: ("input", position), ("new",
@@ -570,7 +587,10 @@ class CompiledGraph:
         for out in outs:
             bound.append(imp(out, 0, _boundary_shape(out.shape), out.dtype))
         keepalive.append(outs)
-        queue.launch(self.executable, bound, keepalive, program.what, None, lane)
+        what = program.what
+        if trace.sink is not None:  # the profiler shows the graph's ops with their lines
+            what = trace.Traced(what, program.members())
+        queue.launch(self.executable, bound, keepalive, what, None, lane)
         for original, contiguous in write_back:
             original.copy_(contiguous)  # an input the graph updates in place
         if any(t.device.type != _NEURON for t in keepalive[:len(tensors)]) or any(
