@@ -137,10 +137,13 @@ def test_a_fused_graph_lists_its_ops_and_their_lines(tmp_path):
     assert value == pytest.approx(_fused_step(x).item(), rel=1e-4)
     fused = [e for e in _trace(prof, tmp_path) if e.get("cat") == "kernel" and e["name"].startswith("fused graph")]
     assert fused, "no fused launch recorded"
-    ops = fused[0]["args"]["ops"]
+    # One graph, or several where the recorder cut it (what earlier code taught it decides).
+    ops = "; ".join(e["args"]["ops"] for e in fused)
     for op, text in (("aten.mul.Tensor", "x * 2"), ("aten.add.Tensor", "y + 1"), ("aten.tanh.default", "torch.tanh")):
         assert f"{op} at {_line_of(_fused_step, text)}" in ops, ops
-    assert fused[0]["args"]["source"] == _line_of(_fused_step, "x * 2")
+    # A graph's line is its first op's.
+    assert all(e["args"]["source"] == e["args"]["ops"].split("; ")[0].split(" at ", 1)[1] for e in fused)
+    assert any(e["args"]["source"] == _line_of(_fused_step, "x * 2") for e in fused)
 
 
 def test_schedules_and_record_function_keep_working(compiled):
