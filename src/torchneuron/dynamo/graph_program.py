@@ -106,11 +106,8 @@ class GraphProgram:
         if self._members is None:
             found = []
             for node in self.gm.graph.nodes:
-                if node.op != "call_function":
-                    continue
-                frames = [ln.strip() for ln in (node.meta.get("stack_trace") or "").strip().splitlines()
-                          if ln.strip().startswith("File ")]
-                m = re.match(r'File "([^"]+)", line (\d+)', frames[-1]) if frames else None
+                line = _user_frame(node) if node.op == "call_function" else None
+                m = re.match(r'File "([^"]+)", line (\d+)', line) if line else None
                 if m:
                     found.append((str(node.target), f"{m.group(1)}:{m.group(2)}"))
             self._members = tuple(found)
@@ -499,15 +496,17 @@ def source_lines(gm) -> list:
     """The user's source lines the graph's ops came from, in order, once each."""
     lines = []
     for node in gm.graph.nodes:
-        trace = node.meta.get("stack_trace")
-        if not trace:
-            continue
-        frames = [ln.strip() for ln in trace.strip().splitlines() if ln.strip().startswith("File ")]
-        if frames:
-            line = frames[-1]
-            if line not in lines:
-                lines.append(line)
+        line = _user_frame(node)
+        if line is not None and line not in lines:
+            lines.append(line)
     return lines
+
+
+def _user_frame(node) -> str | None:
+    """The innermost 'File "...", line N, in f' line of a node's stack trace."""
+    frames = [ln.strip() for ln in (node.meta.get("stack_trace") or "").strip().splitlines()
+              if ln.strip().startswith("File ")]
+    return frames[-1] if frames else None
 
 
 class CompiledGraph:
