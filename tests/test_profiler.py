@@ -68,10 +68,25 @@ def test_launches_are_device_events_linked_to_their_ops(compiled, tmp_path):
     assert mm.self_device_time_total > 0
     assert trace.sink is None  # off again: the launch path pays nothing
 
-    kernels = [e for e in _trace(prof, tmp_path) if e.get("cat") == "kernel"]
+    events = _trace(prof, tmp_path)
+    kernels = [e for e in events if e.get("cat") == "kernel"]
     mm_event = next(e for e in kernels if e["name"] == "aten.mm.default")
     assert mm_event["args"]["source"] == _line_of(_work, "x @ w")
     assert "float32[300, 300]" in mm_event["args"]["launch"]
+    # An arrow from the launch call on the issuing thread (as cudaLaunchKernel) to the launch.
+    import os
+    import threading
+
+    calls = [e for e in events if e["name"] == "neuron launch"]
+    assert len(calls) == len(kernels)
+    call = next(e for e in calls if e["args"]["launch"].startswith("aten.mm.default"))
+    assert (call["pid"], call["tid"]) == (os.getpid(), threading.get_native_id())
+    assert call["args"]["External id"] == mm_event["args"]["External id"]
+    starts = {e["id"]: e for e in events if e.get("cat") == "ac2g" and e["ph"] == "s"}
+    ends = {e["id"]: e for e in events if e.get("cat") == "ac2g" and e["ph"] == "f"}
+    assert len(starts) == len(ends) == len(kernels)
+    arrow = next(i for i, e in ends.items() if e["ts"] == mm_event["ts"] and e["tid"] == mm_event["tid"])
+    assert starts[arrow]["ts"] == call["ts"] and starts[arrow]["tid"] == call["tid"]
 
 
 def test_queued_and_inline_launches_and_stream_rows(compiled, tmp_path):
@@ -247,3 +262,67 @@ def test_a_torch_compile_graph_lists_its_ops_and_lines(tmp_path):
     assert graphs, "no torch.compile launch recorded"
     ops = graphs[0]["args"]["ops"]
     assert f"at {_line_of(_compiled_fn, 'x @ w')}" in ops and f"at {_line_of(_compiled_fn, 'torch.tanh')}" in ops
+
+
+def test_the_demo_writes_its_profile(tmp_path):
+    """`make demo ARGS="--profile DIR"`: the trace, the Parquet tables (loaded with
+    pandas, their per-line totals equal to the trace's device time), the report
+    and the timeline."""
+    import os
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    out_dir = tmp_path / "prof"
+    env = dict(os.environ, TORCHNEURON_COMPILE_WAIT="0")  # a first run's ops on the host while they build
+    out = subprocess.run([sys.executable, "-m", "torchneuron.demo", "--steps", "3", "--width", "32", "--layers", "1",
+                          "--context", "16", "--profile", str(out_dir)], env=env, capture_output=True, text=True,
+                         timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "where the time went" in out.stdout and "top source lines" in out.stdout
+    report = (out_dir / "report.txt").read_text()
+    assert "device executing" in report
+    page = (out_dir / "timeline.html").read_text()
+    assert "<svg" in page and (out_dir / "timeline.png").stat().st_size > 1000
+
+    events = json.loads((out_dir / "trace.json").read_text())["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    assert len(kernels) > 100
+    trace_device_ns = sum(e["dur"] for e in kernels) * 1000
+    lines = pd.read_parquet(out_dir / "parquet" / "lines.parquet")
+    ops = pd.read_parquet(out_dir / "parquet" / "ops.parquet")
+    table = pd.read_parquet(out_dir / "parquet" / "events.parquet")
+    assert lines["device_ns"].sum() == pytest.approx(trace_device_ns, rel=0.01)
+    assert ops["device_ns"].sum() == pytest.approx(trace_device_ns, rel=0.01)
+    assert (table["kind"] == "launch").sum() == len(kernels)
+    # Device time lands on the model's source lines, not on torchneuron's or torch's.
+    model = lines[lines["source"].str.contains("models.py", na=False)]
+    assert model["device_ns"].sum() > 0.5 * lines["device_ns"].sum()
+    # Backward ops (run on autograd's device thread) get their forward op's line.
+    unknown = lines[lines["source"] == "<unknown>"]["device_ns"].sum()
+    assert unknown < 0.25 * lines["device_ns"].sum()
+    compiles = pd.read_parquet(out_dir / "parquet" / "compiles.parquet")
+    assert len(compiles) > 0 and set(compiles["layer"]) <= {"compiled", "disk", "remote", "service", "peer",
+                                                             "running at stop"}
+
+
+def test_a_build_still_running_when_the_session_stops_is_shown(tmp_path):
+    import time
+
+    torchneuron.config.set(compile_wait=False)
+    x = torch.randn(29, 31)  # a shape nothing was built for
+    xn = x.to("neuron")
+    with profile(activities=_ACTIVITIES) as prof:
+        y = torch.sin(xn) * 3  # on the host while sin's executable builds in the background
+        session = trace.sink
+        deadline = time.monotonic() + 60
+        while not session.open and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the build has begun
+        assert session.open
+    assert torchneuron.wait_for_compiles(timeout=600)
+    torch.testing.assert_close(y.cpu(), torch.sin(x) * 3)
+    builds = [e for e in _trace(prof, tmp_path) if e["name"].startswith(("compile: ", "lower: "))]
+    running = [e for e in builds if e["args"].get("running_at_stop") == "True"]
+    assert running, [e["name"] for e in builds]
+    assert all(e["dur"] >= 0 for e in running)

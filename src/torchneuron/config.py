@@ -84,6 +84,9 @@ class Settings:
     # collection over torch's import-time heap otherwise stalls a cold
     # first step by 130-180 ms (see dispatch/entry.py).
     gc_freeze: bool = field(default_factory=lambda: _env_int("TORCHNEURON_GC_FREEZE", 1) != 0)
+    # Load the profiler's Python side at import (torch.profiler then records
+    # the device's events); 0: not loaded until `import torchneuron.profiler`.
+    profiler: bool = field(default_factory=lambda: _env_int("TORCHNEURON_PROFILER", 1) != 0)
     # Compile workers (0: one per core).
     compile_workers: int = field(default_factory=lambda: _env_int("TORCHNEURON_COMPILE_WORKERS", 0))
     # In-memory executable cache bounds.

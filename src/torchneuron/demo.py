@@ -21,9 +21,28 @@ def main(argv=None) -> int:
     parser.add_argument("--context", type=int, default=GPTConfig.block_size)
     parser.add_argument("--eager-mode", choices=("op", "adaptive"),
                         help="op-by-op or adaptive eager (default: the TORCHNEURON_EAGER_MODE setting)")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="run under torch.profiler and write the trace, Parquet tables, report and timeline into DIR")
     args = parser.parse_args(argv)
     if args.eager_mode:
         torchneuron.set_eager_mode(args.eager_mode)
+    if not args.profile:
+        return _run(args)
+    from torch.profiler import ProfilerActivity, profile
+
+    from torchneuron.profiler.report import save, text_report
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], record_shapes=True) as prof:
+        _run(args)
+        torch.neuron.synchronize()
+    print()
+    print(text_report(prof))
+    for what, path in save(prof, args.profile).items():
+        print(f"wrote {what:<9} {path}")
+    return 0
+
+
+def _run(args) -> int:
 
     cfg = GPTConfig(n_embd=args.width, n_layer=args.layers, block_size=args.context)
     print(f"torchneuron {torchneuron.__version__} | torch {torch.__version__} | "

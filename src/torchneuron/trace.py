@@ -7,12 +7,36 @@ pays one module-attribute read. The session receives:
 - `queued(index, stream, what, issued_ns, semaphore, value)`: a launch
   queued on a timeline (it ends when the semaphore reaches the value);
 - `host(kind, name, start_ns, end_ns, **details)`: work on the host:
-  "compile", "host op", "transfer", "synchronize".
+  "compile", "host op", "transfer", "synchronize";
+  "lower" (torch to MLIR, see `span`);
+- `opened(kind, name, start_ns, **details)`: work begun (a compile), shown
+  as running at the stop if its `host(..., opened=)` comes too late;
+- `forward_at(file, line)` / `backward_line()`: the user's line of each op,
+  kept per autograd node, so backward ops get their forward op's line.
 
 A leaf module: every layer may import it.
 """
 
+import time
+from contextlib import contextmanager
+
 sink = None
+
+
+@contextmanager
+def span(kind: str, name: str):
+    """Host work of `kind` ("lower") shown while a session records. For
+    build paths only: entering costs a generator even when nothing records."""
+    watching = sink
+    if watching is None:
+        yield
+        return
+    started = time.time_ns()
+    opened = watching.opened(kind, name, started)
+    try:
+        yield
+    finally:
+        watching.host(kind, name, started, time.time_ns(), opened=opened)
 
 
 class Traced:

@@ -42,8 +42,9 @@ def fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service:
     if watching is None:
         return _fetch_or_compile(key, mlir, what, target, use_service)
     started = time.time_ns()
+    opened = watching.opened("compile", str(what), started, key=key)  # shown even if the session stops first
     vmfb, seconds, source = _fetch_or_compile(key, mlir, what, target, use_service)
-    watching.host("compile", str(what), started, time.time_ns(), layer=source, key=key,
+    watching.host("compile", str(what), started, time.time_ns(), opened=opened, layer=source, key=key,
                   compile_seconds=round(seconds, 4))
     return vmfb, seconds, source
 

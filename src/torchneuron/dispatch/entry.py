@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
+import threading
 import time
 import warnings
 
@@ -113,7 +114,31 @@ unusable_reason = ""
 recording = None
 
 
+class _Quiet(threading.local):
+    on = False
+
+
+_quiet = _Quiet()
+_record_functions = torch._C._autograd._enable_record_function
+
+
+def _dispatch_quietly(op, args, kwargs):
+    """While a profiler records: the op's own CPU event is recorded (the
+    dispatcher began it), the aten ops this backend runs to carry it out
+    (empty, set_, as_strided, ...) are not; they would be most of the trace
+    and of its cost. Its launches still link to the op."""
+    _quiet.on = True
+    _record_functions(False)
+    try:
+        return dispatch(op, *args, **kwargs)
+    finally:
+        _record_functions(True)
+        _quiet.on = False
+
+
 def dispatch(op, *args, **kwargs):
+    if trace.sink is not None and not _quiet.on:
+        return _dispatch_quietly(op, args, kwargs)
     if not unusable_reason and config.settings.execution == "compile" and shape_registry._recorder is None:
         if recording is not None:
             result = recording.record(op, args, kwargs)

@@ -150,7 +150,7 @@ class GraphProgram:
 
     def lower(self, example_inputs) -> str | None:
         """Torch MLIR of the graph; None when it computes nothing."""
-        with outside_program_modes():
+        with outside_program_modes(), trace.span("lower", "torch.compile graph"):
             return self._lower(example_inputs)
 
     def _lower(self, example_inputs) -> str | None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import trace
 from . import index_checks
 from .aliasing import InPlaceHazard, hazardous_inputs
 from .call import CallSignature, NotCompilable, numbers_as_tensors, rebuild
@@ -177,7 +178,7 @@ def _call_results(op, info, sig: CallSignature):
 
 
 def lower_call(op, info, sig: CallSignature, promote_scalars: bool = False) -> LoweredCall:
-    with outside_program_modes():
+    with outside_program_modes(), trace.span("lower", info.name):
         return _lower_call(op, info, sig, promote_scalars)
 
 

@@ -28,6 +28,7 @@ import sys
 import threading
 from typing import NamedTuple
 
+from .. import trace
 from .call import NotCompilable
 from .graph import NeedsResize
 
@@ -103,7 +104,7 @@ def _ask(request):
     """One request to the worker (one at a time; a worker that died is
     restarted once)."""
     global _worker
-    with _lock:
+    with _lock, trace.span("lower", request[1] if request[0] == "call" else "fused graph"):
         for attempt in (1, 2):
             if _worker is None or _worker.process.poll() is not None:
                 if _worker is None and not _atexit_registered:

@@ -15,7 +15,8 @@
 - `ops.parquet`: per op name: launches, device_ns, host_ops, host_ns, transfers.
 - `lines.parquet`: per source line: launches, device_ns, host_ops, host_ns, ops.
 - `compiles.parquet`: per compile: what, layer (compiled, disk, remote,
-  service, peer), key, seconds, start_ns.
+  service, peer; "running at stop" for one the session ended during, its
+  seconds then counted up to the stop), key, seconds, start_ns.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import os
 from collections import defaultdict
 
+from ..runtime.errors import is_library_file
 from . import recorder
 
 _KINDS = {recorder.LAUNCH: "launch", recorder.COPY: "transfer"}
@@ -51,7 +53,9 @@ def event_rows(prof) -> list:
             "correlation": int(e.id), "source": _user_frame(e.stack), "details": None,
             "input_shapes": json.dumps(e.input_shapes) if e.input_shapes else None,
         })
-    for kind, name, start, end, device, stream, correlation, details in recorder.last_events:
+    for kind, name, start, end, device, stream, correlation, details, _ in recorder.last_events:
+        if kind == recorder.CALL:
+            continue  # the host side of a launch: its CPU op's row has that time
         rows.append({
             "kind": _KINDS.get(kind) or details.get("kind", "runtime"), "name": name, "start_ns": int(start),
             "duration_ns": int(max(end - start, 0)), "device": int(device), "stream": int(stream),
@@ -67,7 +71,7 @@ def _user_frame(stack) -> str | None:
     """The innermost frame of a CPU op's stack (with_stack) outside torch."""
     for frame in stack or ():
         path = frame.split("(", 1)[0]
-        if "/torch/" not in path and "/torchneuron/" not in path:
+        if not is_library_file(os.path.abspath(path)):
             line = frame.split("(", 1)[1].split(")", 1)[0] if "(" in frame else ""
             return f"{path}:{line}" if line else path
     return None
@@ -82,19 +86,22 @@ def summaries(rows) -> dict:
         kind = r["kind"]
         if kind == "compile":
             d = json.loads(r["details"])
-            compiles.append({"what": r["name"].removeprefix("compile: "), "layer": d.get("layer"),
-                             "key": d.get("key"), "seconds": float(d.get("compile_seconds", 0.0)),
+            running = "running_at_stop" in d
+            compiles.append({"what": r["name"].removeprefix("compile: "),
+                             "layer": "running at stop" if running else d.get("layer"), "key": d.get("key"),
+                             "seconds": r["duration_ns"] / 1e9 if running else float(d.get("compile_seconds", 0.0)),
                              "start_ns": r["start_ns"]})
             continue
         if kind == "launch":
             members = json.loads(r["details"]).get("ops")
             names = [m.split(" at ", 1) for m in members.split("; ")] if members else [(r["name"], r["source"])]
-            share = r["duration_ns"] // max(len(names), 1)  # a fused graph's time, shared among its ops
-            for name, line in names:
+            # A fused graph's time, shared among its ops (the remainder to the first, so totals add up).
+            share, rest = divmod(r["duration_ns"], max(len(names), 1))
+            for k, (name, line) in enumerate(names):
                 ops[name]["launches"] += 1
-                ops[name]["device_ns"] += share
+                ops[name]["device_ns"] += share + (rest if k == 0 else 0)
                 lines[line]["launches"] += 1
-                lines[line]["device_ns"] += share
+                lines[line]["device_ns"] += share + (rest if k == 0 else 0)
                 lines[line]["ops"].add(name)
         elif kind == "host op":
             name = r["name"].removeprefix("host op: ")

@@ -17,22 +17,30 @@ was issued (kineto links the two) and the user's source line.
 
 from __future__ import annotations
 
+import os
 import queue as _queue
 import threading
 import time
 
-from .. import _C, trace
-from ..runtime.errors import user_source_line
+import torch
 
-LAUNCH, COPY, RUNTIME = 0, 1, 2  # event kinds, as csrc/profiler.cpp maps them
+from .. import _C, trace
+from ..runtime.errors import user_location, user_source_line
+
+_sequence_nr = torch._C._autograd._get_sequence_nr  # the next autograd node's number (this thread's)
+_current_node = torch._C._current_autograd_node
+
+LAUNCH, COPY, RUNTIME, CALL = 0, 1, 2, 3  # event kinds, as csrc/profiler.cpp maps them
+_FLOWS = 1 << 24  # flow ids of launch arrows, clear of kineto's own
 # Rows of host work on the device's timeline view (csrc/profiler.cpp names them).
-ROWS = {"compile": -1, "host op": -2, "transfer": -3, "synchronize": -4}
+ROWS = {"compile": -1, "lower": -1, "host op": -2, "transfer": -3, "synchronize": -4}
 
 
 class _Launch:
-    __slots__ = ("index", "stream", "what", "members", "issued", "ended", "correlation", "source", "order")
+    __slots__ = ("index", "stream", "what", "members", "issued", "ended", "correlation", "source", "order",
+                 "called", "thread")
 
-    def __init__(self, index, stream, what, issued, ended, correlation, source, order):
+    def __init__(self, index, stream, what, issued, ended, correlation, source, order, called):
         self.index = index
         self.stream = stream
         self.what = str(what)
@@ -42,6 +50,8 @@ class _Launch:
         self.correlation = correlation
         self.source = source
         self.order = order
+        self.called = called  # when the host was done issuing it
+        self.thread = threading.get_native_id()
 
 
 class _Session:
@@ -50,6 +60,10 @@ class _Session:
     def __init__(self):
         self.launches: list = []
         self.host_work: list = []  # (kind, name, start, end, correlation, details)
+        self.open: dict = {}  # work begun and not yet ended: key -> (kind, name, start, correlation, details)
+        self.next_open = 0
+        self.stopped = None
+        self.forward_lines: dict = {}  # autograd node sequence number -> (file, line) of its forward op
         self.lock = threading.Lock()
         self.todo: _queue.SimpleQueue = _queue.SimpleQueue()
         self.watcher = threading.Thread(target=self._watch, name="neuron-profiler", daemon=True)
@@ -58,19 +72,42 @@ class _Session:
     # -- trace.sink -----------------------------------------------------------
 
     def ran(self, index, stream, what, started, ended) -> None:
-        self._add(_Launch(index, stream, what, started, ended, _C.correlation_id(), user_source_line(), 0))
+        # user_location: cached per code object, formatted only when the events are collected.
+        self._add(_Launch(index, stream, what, started, ended, _C.correlation_id(), user_location(), 0, ended))
 
     def queued(self, index, stream, what, issued, semaphore, value) -> None:
-        launch = _Launch(index, stream, what, issued, None, _C.correlation_id(), user_source_line(), 0)
+        launch = _Launch(index, stream, what, issued, None, _C.correlation_id(), user_location(), 0,
+                         time.time_ns())
         self._add(launch)
         self.todo.put((launch, semaphore, value))
 
-    def host(self, kind, name, started, ended, **details) -> None:
-        if kind != "compile":  # compiles run on background threads: no line of the program's
+    def host(self, kind, name, started, ended, opened=None, **details) -> None:
+        if kind not in ("compile", "lower"):  # builds run on background threads: no line of the program's
             details.setdefault("source", user_source_line())
         item = (kind, name, started, ended, _C.correlation_id(), details)
         with self.lock:
             self.host_work.append(item)
+            self.open.pop(opened, None)
+
+    def forward_at(self, filename, line) -> None:
+        """An op issued from the user's line: its autograd node (created just
+        before its kernel ran) gets that line, so its backward ops, which run
+        on autograd's device thread with no frame of the user's, show it too.
+        The first op issued after a node was created is the node's own."""
+        self.forward_lines.setdefault(_sequence_nr() - 1, (filename, line))
+
+    def backward_line(self):
+        node = _current_node()
+        return self.forward_lines.get(node._sequence_nr()) if node is not None else None
+
+    def opened(self, kind, name, started, **details) -> int:
+        """Work that has begun (a compile): if the session stops before its
+        `host` call, it is shown as still running at the stop."""
+        item = (kind, name, started, _C.correlation_id(), details)
+        with self.lock:
+            key = self.next_open = self.next_open + 1
+            self.open[key] = item
+        return key
 
     def _add(self, launch) -> None:
         with self.lock:
@@ -92,11 +129,13 @@ class _Session:
 
     def finish(self, timeout: float = 60.0) -> None:
         """Wait (bounded) until every queued launch seen is stamped."""
+        self.stopped = time.time_ns()
         self.todo.put(None)
         self.watcher.join(timeout)
 
     def events(self) -> list:
         last_end: dict = {}  # (device, stream) -> when its previous launch ended
+        pid = os.getpid()
         out = []
         for launch in self.launches:
             if launch.ended is None:
@@ -104,15 +143,26 @@ class _Session:
             row = (launch.index, launch.stream)
             start = max(launch.issued, last_end.get(row, 0))
             last_end[row] = launch.ended
-            details = {"source": launch.members[0][1] if launch.members else launch.source, "launch": launch.what}
+            file, line = launch.source
+            source = f"{file}:{line}" if line else file
+            details = {"source": launch.members[0][1] if launch.members else source, "launch": launch.what}
             if launch.members:
                 details["ops"] = "; ".join(f"{name} at {line}" for name, line in launch.members)
+            flow = _FLOWS + launch.order
             out.append((LAUNCH, _name(launch.what), start, launch.ended, launch.index, launch.stream,
-                        launch.correlation, details))
-        for kind, name, started, ended, correlation, details in self.host_work:
+                        launch.correlation, details, -flow))
+            # The host side, as CUDA's cudaLaunchKernel: on the issuing thread, with the arrow.
+            out.append((CALL, "neuron launch", launch.issued, launch.called, pid, launch.thread, launch.correlation,
+                        {"launch": launch.what}, flow))
+        with self.lock:
+            host_work = list(self.host_work)
+            stopped = self.stopped or time.time_ns()
+            host_work += [(kind, name, started, stopped, correlation, dict(details, running_at_stop=True))
+                          for kind, name, started, correlation, details in self.open.values()]
+        for kind, name, started, ended, correlation, details in host_work:
             out.append((COPY if kind == "transfer" else RUNTIME, f"{kind}: {name}", started, ended,
                         details.get("device", 0), ROWS[kind], correlation,
-                        {k: str(v) for k, v in dict(details, kind=kind).items()}))
+                        {k: str(v) for k, v in dict(details, kind=kind).items()}, 0))
         return out
 
 

@@ -80,13 +80,13 @@ def split(rows) -> dict:
     launches = [(r["start_ns"], r["start_ns"] + r["duration_ns"]) for r in rows if r["kind"] == "launch"]
     busy = _union_ns(launches)
 
-    def total(kind):
-        return _union_ns([(r["start_ns"], r["start_ns"] + r["duration_ns"]) for r in rows if r["kind"] == kind])
+    def total(*kinds):
+        return _union_ns([(r["start_ns"], r["start_ns"] + r["duration_ns"]) for r in rows if r["kind"] in kinds])
 
     return {
         "wall": wall / 1e9, "device": busy / 1e9, "host op": total("host op") / 1e9,
         "transfer": total("transfer") / 1e9, "synchronize": total("synchronize") / 1e9,
-        "compile": total("compile") / 1e9, "idle": (wall - busy) / 1e9,
+        "compile": total("compile", "lower") / 1e9, "idle": (wall - busy) / 1e9,
     }
 
 
@@ -99,7 +99,11 @@ def hints(rows, tables, parts) -> list:
         if share >= 0.05:
             ops = [r for r in rows if r["kind"] == "host op" and r["source"] == line["source"]]
             reasons = {json.loads(r["details"]).get("reason", "") for r in ops}
-            names = ", ".join(sorted({r["name"].removeprefix("host op: ") for r in ops}))
+            by_op: dict = {}
+            for r in ops:
+                name = r["name"].removeprefix("host op: ")
+                by_op[name] = by_op.get(name, 0) + r["duration_ns"]
+            names = ", ".join(sorted(by_op, key=lambda k: -by_op[k])[:4]) + (" and others" if len(by_op) > 4 else "")
             out.append(f"{_shown(line['source'])}: {share:.0%} of the device and host-path time is on the host path, for {names} "
                        f"({'; '.join(sorted(reasons))[:200]})")
     compiled = [c for c in tables["compiles"] if c["layer"] == "compiled"]
@@ -130,7 +134,7 @@ def text_report(prof, top: int = 10) -> str:
     out = [f"profiled {wall:.3f} s", "", "where the time went (share of the profiled wall time):"]
     for name, label in (("device", "device executing"), ("host op", "ops on the host path"),
                         ("transfer", "transfers host <-> device"), ("synchronize", "host waiting for the device"),
-                        ("compile", "compiling (background unless waited for)"), ("idle", "device idle")):
+                        ("compile", "building: lowering, compiling (background)"), ("idle", "device idle")):
         out.append(f"  {label:<42} {parts[name]:9.4f} s  {parts[name] / wall:6.1%}")
     out += ["", "top source lines (device + host-path time):",
             f"  {'device ms':>10} {'host ms':>10} {'launches':>9}  line: ops"]
@@ -163,7 +167,7 @@ def write_html(prof, path: str) -> list:
     lanes = sorted({(r["device"], r["stream"]) for r in rows}, key=lambda k: (k[1] < 0, k))
     width, lane_h = 1400, 22
     colors = {"launch": "#3b7dd8", "host op": "#d8643b", "transfer": "#7a4fd0", "synchronize": "#999999",
-              "compile": "#3bb273"}
+              "compile": "#3bb273", "lower": "#9ad9a6"}
     shapes = []
     for y, lane in enumerate(lanes):
         label = _ROW_NAMES.get(lane[1], f"neuron:{lane[0]} stream {lane[1]}")
@@ -179,7 +183,7 @@ def write_html(prof, path: str) -> list:
     svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{len(lanes) * lane_h + 10}">'
            + "".join(shapes) + "</svg>")
     png = os.path.splitext(path)[0] + ".png"
-    written.append(_plot_split(split(event_rows(prof)), png))
+    written.append(_plot(rows, lanes, split(event_rows(prof)), png, colors))
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>torchneuron profile</title></head><body>"
             f"<h2>torchneuron profile</h2><p>Hover a bar for its op, duration, source line and details.</p>{svg}"
             f"<p><img src='{html.escape(os.path.basename(png))}'></p><pre>{html.escape(report)}</pre></body></html>")
@@ -188,23 +192,54 @@ def write_html(prof, path: str) -> list:
     return written
 
 
-def _plot_split(parts: dict, path: str) -> str:
+def _plot(rows, lanes, parts: dict, path: str, colors: dict) -> str:
+    """The timeline (one row per stream and host row) above the split of the wall time."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, (timeline, bars) = plt.subplots(2, 1, figsize=(11, 2.2 + 0.32 * len(lanes) + 2.4),
+                                         gridspec_kw={"height_ratios": [max(len(lanes), 1) * 0.32 + 0.8, 2.4]})
+    start = min((r["start_ns"] for r in rows), default=0)
+    for y, lane in enumerate(lanes):
+        spans = {}
+        for r in rows:
+            if (r["device"], r["stream"]) == lane:
+                spans.setdefault(r["kind"], []).append(((r["start_ns"] - start) / 1e9, max(r["duration_ns"], 1) / 1e9))
+        for kind, xs in spans.items():
+            timeline.broken_barh(xs, (y - 0.4, 0.8), color=colors.get(kind, "#444"))
+    timeline.set_yticks(range(len(lanes)))
+    timeline.set_yticklabels([_ROW_NAMES.get(lane[1], f"neuron:{lane[0]} stream {lane[1]}") for lane in lanes])
+    timeline.invert_yaxis()
+    timeline.set_xlabel("seconds since the first event")
+    timeline.set_title("timeline")
     names = ["device", "host op", "transfer", "synchronize", "compile", "idle"]
-    fig, ax = plt.subplots(figsize=(7, 3))
-    ax.barh(names, [parts.get(n, 0.0) for n in names], color=["#3b7dd8", "#d8643b", "#7a4fd0", "#999999",
-                                                              "#3bb273", "#dddddd"])
-    ax.set_xlabel("seconds")
-    ax.set_title(f"where {parts.get('wall', 0.0):.3f} s went")
-    ax.invert_yaxis()
+    bars.barh(names, [parts.get(n, 0.0) for n in names], color=["#3b7dd8", "#d8643b", "#7a4fd0", "#999999",
+                                                               "#3bb273", "#dddddd"])
+    bars.set_xlabel("seconds")
+    bars.set_title(f"where {parts.get('wall', 0.0):.3f} s went")
+    bars.invert_yaxis()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def save(prof, directory: str, top: int = 10) -> dict:
+    """Everything about a finished profile in `directory`: the Chrome trace
+    (trace.json), the Parquet tables (parquet/), the report (report.txt) and
+    the timeline (timeline.html, timeline.png). Returns {what: path}."""
+    from .export import export_parquet
+
+    os.makedirs(directory, exist_ok=True)
+    written = {"trace": os.path.join(directory, "trace.json"), "report": os.path.join(directory, "report.txt")}
+    prof.export_chrome_trace(written["trace"])
+    with open(written["report"], "w", encoding="utf-8") as f:
+        f.write(text_report(prof, top=top) + "\n")
+    written["timeline"], written["plot"] = write_html(prof, os.path.join(directory, "timeline.html"))
+    written.update(export_parquet(prof, os.path.join(directory, "parquet")))
+    return written
 
 
 def main(args) -> int:

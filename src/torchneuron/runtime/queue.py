@@ -370,11 +370,15 @@ class DeviceQueue:
     def _launch_checked(self, lane, context, fn, views, keepalive, what, flag) -> None:
         """A launch under TORCHNEURON_CHECK_MEMORY: run to completion, then check the guards."""
         source = user_source_line()
+        watching = trace.sink
         with self._lock:
             # Streams that wait for another one are not waited for: it may be held back.
             self._drain([t for t in (self.task, *self.side) if t.independent()])
+            started = time.time_ns() if watching is not None else 0
             if lane.inline:
                 lane.run_inline(context, fn, views, what)
+                if watching is not None:
+                    watching.ran(self.index, lane.stream, what, started, time.time_ns())
                 if flag is not None and _C.host_alias(flag).any():
                     self._note((lane.value, keepalive, what, source, flag, next(_issued)))
             else:
@@ -382,6 +386,8 @@ class DeviceQueue:
                     lane.invoke(context, fn, views, keepalive, what, source, flag)
                 except NeuronAsyncError as refused:
                     self._refused(refused)
+                if watching is not None:
+                    watching.queued(self.index, lane.stream, what, started, lane.semaphore, lane.value)
             self.launches += 1
             if not lane.timeline.independent():
                 return  # checked when the stream is synchronized
