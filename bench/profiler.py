@@ -1,15 +1,16 @@
 """What torch.profiler with neuron's device events costs: the demo training
-step without the profiler's code loaded, with it loaded and not recording,
-and recording, in one run.
+step with the profiler's code not loaded, loaded and not recording, and
+recording, in one run.
 
-    python bench/profiler.py [--steps 30] [--rounds 3] [--write docs/benchmarks.md]
+    python bench/profiler.py [--steps 20] [--rounds 5] [--write docs/benchmarks.md]
 
-Each case runs in a fresh process (the profiler's Python side loads at
-import unless TORCHNEURON_PROFILER=0), all sharing one executable cache that
-a first process fills; each process warms up (its executables load from the
-cache) and then times a round of steps. Cases run in turn, round after
-round, so machine noise hits them alike; figures are medians of the second
-half of each round, then the median over rounds. Modes: op and adaptive.
+Recording: one process per mode runs the cases in turn, round after round
+(not recording; device events only; torch's CPU ops only; both), so machine
+noise hits them alike. Loading: fresh processes in turn, with the profiler's
+Python side not loaded (TORCHNEURON_PROFILER=0) and loaded, none recording.
+All share one executable cache that a first process fills; each process warms
+up (its executables load from the cache) before timing. Figures are medians
+of the second half of each round, then the median over rounds.
 """
 
 from __future__ import annotations
@@ -26,96 +27,108 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("TORCHNEURON_CACHE_DIR", tempfile.mkdtemp(prefix="tn-bench-"))
 
-CASES = ("not loaded", "loaded, not recording", "recording CPU only", "recording")
+RECORDING = ("not recording", "device events", "CPU ops only", "device events + CPU ops")
 
 
-def worker(mode: str, case: str, steps: int) -> None:
-    """Time `steps` demo steps in this process; prints the step times as JSON."""
+def worker(mode: str, cases: list, steps: int, rounds: int) -> None:
+    """Median step time of each case, the cases in turn for `rounds`; prints JSON."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     import torchneuron
     from torchneuron.models import GPTConfig, train_gpt
 
-    assert ("torchneuron.profiler" in sys.modules) == (case != "not loaded")
     torchneuron.set_eager_mode(mode)
     for _ in range(3):  # every executable loaded (or built, by the first process) before timing
         train_gpt("neuron", 4, cfg=GPTConfig())
         torchneuron.wait_for_compiles()
-    times = []
-    last = [time.perf_counter()]
 
-    def on_step(step, loss):
-        now = time.perf_counter()
-        times.append(now - last[0])
-        last[0] = now
+    def step_time() -> float:
+        times, last = [], [time.perf_counter()]
 
-    def run():
+        def on_step(step, loss):
+            now = time.perf_counter()
+            times.append(now - last[0])
+            last[0] = now
+
         last[0] = time.perf_counter()
         train_gpt("neuron", steps, cfg=GPTConfig(), on_step=on_step)
+        return statistics.median(times[len(times) // 2:])
 
-    if case == "recording":
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
-            run()
-        events = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1)
-        assert events > steps, "the profiler recorded no device events"
-    elif case == "recording CPU only":  # torch's own recording of the CPU ops, for comparison
-        with profile(activities=[ProfilerActivity.CPU]):
-            run()
-    else:
-        run()
-    print(json.dumps(times))
+    activities = {"device events": [ProfilerActivity.PrivateUse1], "CPU ops only": [ProfilerActivity.CPU],
+                  "device events + CPU ops": [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]}
+    medians = {case: [] for case in cases}
+    for _ in range(rounds):
+        for case in cases:
+            if case in activities:
+                with profile(activities=activities[case]) as prof:
+                    medians[case].append(step_time())
+                if "device" in case:
+                    device = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1)
+                    assert device > steps, "the profiler recorded no device events"
+            else:
+                medians[case].append(step_time())
+    print(json.dumps({case: statistics.median(v) for case, v in medians.items()}))
 
 
-def run_case(mode: str, case: str, steps: int) -> list:
-    env = dict(os.environ, TORCHNEURON_PROFILER="0" if case == "not loaded" else "1")
-    out = subprocess.run([sys.executable, __file__, "--worker", mode, case, "--steps", str(steps)], env=env,
-                         capture_output=True, text=True, check=False)
+def run_worker(mode: str, cases: list, steps: int, rounds: int, loaded: bool = True) -> dict:
+    env = dict(os.environ, TORCHNEURON_PROFILER="1" if loaded else "0")
+    out = subprocess.run([sys.executable, __file__, "--worker", mode, json.dumps(cases), "--steps", str(steps),
+                          "--rounds", str(rounds)], env=env, capture_output=True, text=True, check=False)
     if out.returncode != 0:
-        raise SystemExit(f"{mode}/{case} failed:\n{out.stderr[-3000:]}")
+        raise SystemExit(f"{mode} {cases} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--write")
-    parser.add_argument("--worker", nargs=2, metavar=("MODE", "CASE"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=2, metavar=("MODE", "CASES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        return worker(*args.worker, args.steps)
+        return worker(args.worker[0], json.loads(args.worker[1]), args.steps, args.rounds)
     from report import command_line, machine, write_section
 
-    cases = [(mode, case) for mode in ("op", "adaptive") for case in CASES]
-    for mode in ("op", "adaptive"):
-        run_case(mode, "recording", 4)  # fills the cache (compiles included)
-    medians = {c: [] for c in cases}
+    modes = ("op", "adaptive")
+    for mode in modes:
+        run_worker(mode, ["device events"], 4, 1)  # fills the cache (compiles included)
+    recording = {mode: run_worker(mode, list(RECORDING), args.steps, args.rounds) for mode in modes}
+    loading = {(mode, loaded): [] for mode in modes for loaded in (False, True)}
     for _ in range(args.rounds):
-        for c in cases:
-            t = run_case(*c, args.steps)
-            medians[c].append(statistics.median(t[len(t) // 2:]))
-    step = {c: statistics.median(v) for c, v in medians.items()}
+        for mode, loaded in loading:
+            loading[(mode, loaded)].append(run_worker(mode, ["not recording"], args.steps, 1, loaded)["not recording"])
     lines = [
         "## torch.profiler with device events: what loading and recording cost",
         "",
         f"Command: `{command_line()}`  ",
         f"Machine: {machine()}  ",
-        f"The demo training step (GPT, AdamW, dropout), steady, {args.rounds} rounds of {args.steps} steps, each "
-        "case in a fresh process sharing one warm executable cache, the cases in turn; medians of the second "
-        "half of each round, then over rounds. Not loaded: `TORCHNEURON_PROFILER=0` (the profiler's Python "
-        "side never imported, the kineto plugin without it). Recording: "
-        "`torch.profiler.profile(activities=[CPU, PrivateUse1])` around the round; CPU only: "
-        "`activities=[CPU]`, what torch's own recording of the CPU ops costs (no device events).",
+        f"The demo training step (GPT, AdamW, dropout), steady: medians of the second half of {args.steps} steps.",
+        f"Recording: in one process per mode, the cases in turn for {args.rounds} rounds; `torch.profiler.profile` "
+        "with `activities=[PrivateUse1]` (device events), `[CPU]` (torch's own recording of the CPU ops, no "
+        "device events) or both.",
         "",
-        "| mode | not loaded | loaded, not recording | recording CPU only | recording | loaded / not loaded "
-        "| CPU only / not loaded | recording / not loaded |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| mode | not recording | device events | CPU ops only | device events + CPU ops |",
+        "|---|---:|---:|---:|---:|",
     ]
-    for mode in ("op", "adaptive"):
-        base, off, cpu, on = (step[(mode, c)] for c in CASES)
-        lines.append(f"| {mode} | {base * 1e3:.1f} ms | {off * 1e3:.1f} ms | {cpu * 1e3:.1f} ms | {on * 1e3:.1f} ms | "
-                     f"{off / base:.2f}x | {cpu / base:.2f}x | {on / base:.2f}x |")
+    for mode in modes:
+        r = recording[mode]
+        base = r["not recording"]
+        lines.append(f"| {mode} | {base * 1e3:.1f} ms | " + " | ".join(
+            f"{r[c] * 1e3:.1f} ms ({r[c] / base:.2f}x)" for c in RECORDING[1:]) + " |")
+    lines += [
+        "",
+        f"Loading: fresh processes in turn, {args.rounds} rounds, none recording; not loaded: "
+        "`TORCHNEURON_PROFILER=0` (the profiler's Python side never imported; the launch path's "
+        "`trace.sink` reads remain).",
+        "",
+        "| mode | not loaded | loaded | loaded / not loaded |",
+        "|---|---:|---:|---:|",
+    ]
+    for mode in modes:
+        off, on = (statistics.median(loading[(mode, loaded)]) for loaded in (False, True))
+        lines.append(f"| {mode} | {off * 1e3:.1f} ms | {on * 1e3:.1f} ms | {on / off:.2f}x |")
     text = "\n".join(lines)
     print(text)
     if args.write:

@@ -25,7 +25,7 @@ import time
 import torch
 
 from .. import _C, trace
-from ..runtime.errors import user_location, user_source_line
+from ..runtime.errors import user_location
 
 _sequence_nr = torch._C._autograd._get_sequence_nr  # the next autograd node's number (this thread's)
 _current_node = torch._C._current_autograd_node
@@ -36,22 +36,20 @@ _FLOWS = 1 << 24  # flow ids of launch arrows, clear of kineto's own
 ROWS = {"compile": -1, "lower": -1, "host op": -2, "transfer": -3, "synchronize": -4}
 
 
-class _Launch:
-    __slots__ = ("index", "stream", "what", "members", "issued", "ended", "correlation", "source", "order",
-                 "called", "thread")
+# A launch: [device, stream, what, members, issued, ended (None until the device
+# reached it), correlation, (file, line), called (when the host was done
+# issuing it), thread]. A list, made on the launch path: cheap to build.
+_ENDED = 5
 
-    def __init__(self, index, stream, what, issued, ended, correlation, source, order, called):
-        self.index = index
-        self.stream = stream
-        self.what = str(what)
-        self.members = getattr(what, "members", ())  # a fused graph's ops and their lines
-        self.issued = issued
-        self.ended = ended  # None until the device reached it
-        self.correlation = correlation
-        self.source = source
-        self.order = order
-        self.called = called  # when the host was done issuing it
-        self.thread = threading.get_native_id()
+
+def _launch(index, stream, what, issued, ended, called) -> list:
+    members = () if type(what) is str else getattr(what, "members", ())  # a fused graph's ops and lines
+    # user_location: cached per code object, formatted only when the events are collected.
+    return [index, stream, str(what), members, issued, ended, _C.correlation_id(), user_location(), called,
+            _native_id()]
+
+
+_native_id = threading.get_native_id
 
 
 class _Session:
@@ -72,18 +70,18 @@ class _Session:
     # -- trace.sink -----------------------------------------------------------
 
     def ran(self, index, stream, what, started, ended) -> None:
-        # user_location: cached per code object, formatted only when the events are collected.
-        self._add(_Launch(index, stream, what, started, ended, _C.correlation_id(), user_location(), 0, ended))
+        self.launches.append(_launch(index, stream, what, started, ended, ended))  # append: atomic
 
     def queued(self, index, stream, what, issued, semaphore, value) -> None:
-        launch = _Launch(index, stream, what, issued, None, _C.correlation_id(), user_location(), 0,
-                         time.time_ns())
-        self._add(launch)
+        launch = _launch(index, stream, what, issued, None, time.time_ns())
+        self.launches.append(launch)
         self.todo.put((launch, semaphore, value))
 
     def host(self, kind, name, started, ended, opened=None, **details) -> None:
         if kind not in ("compile", "lower"):  # builds run on background threads: no line of the program's
-            details.setdefault("source", user_source_line())
+            if "source" not in details:
+                file, line = user_location()
+                details["source"] = f"{file}:{line}" if line else file
         item = (kind, name, started, ended, _C.correlation_id(), details)
         with self.lock:
             self.host_work.append(item)
@@ -109,11 +107,6 @@ class _Session:
             self.open[key] = item
         return key
 
-    def _add(self, launch) -> None:
-        with self.lock:
-            launch.order = len(self.launches)
-            self.launches.append(launch)
-
     def _watch(self) -> None:
         while True:
             item = self.todo.get()
@@ -124,7 +117,7 @@ class _Session:
                 semaphore.wait(value)  # releases the GIL while it waits
             except Exception:  # noqa: BLE001 - a failed launch: its end is when it was seen failed
                 pass
-            launch.ended = time.time_ns()
+            launch[_ENDED] = time.time_ns()
             del item, semaphore  # hold no semaphore while idle
 
     def finish(self, timeout: float = 60.0) -> None:
@@ -137,23 +130,20 @@ class _Session:
         last_end: dict = {}  # (device, stream) -> when its previous launch ended
         pid = os.getpid()
         out = []
-        for launch in self.launches:
-            if launch.ended is None:
+        for order, (index, stream, what, members, issued, ended, correlation, (file, line), called,
+                    thread) in enumerate(self.launches):
+            if ended is None:
                 continue  # still running when the session ended
-            row = (launch.index, launch.stream)
-            start = max(launch.issued, last_end.get(row, 0))
-            last_end[row] = launch.ended
-            file, line = launch.source
-            source = f"{file}:{line}" if line else file
-            details = {"source": launch.members[0][1] if launch.members else source, "launch": launch.what}
-            if launch.members:
-                details["ops"] = "; ".join(f"{name} at {line}" for name, line in launch.members)
-            flow = _FLOWS + launch.order
-            out.append((LAUNCH, _name(launch.what), start, launch.ended, launch.index, launch.stream,
-                        launch.correlation, details, -flow))
+            row = (index, stream)
+            start = max(issued, last_end.get(row, 0))
+            last_end[row] = ended
+            details = {"source": members[0][1] if members else (f"{file}:{line}" if line else file), "launch": what}
+            if members:
+                details["ops"] = "; ".join(f"{name} at {where}" for name, where in members)
+            flow = _FLOWS + order
+            out.append((LAUNCH, _name(what), start, ended, index, stream, correlation, details, -flow))
             # The host side, as CUDA's cudaLaunchKernel: on the issuing thread, with the arrow.
-            out.append((CALL, "neuron launch", launch.issued, launch.called, pid, launch.thread, launch.correlation,
-                        {"launch": launch.what}, flow))
+            out.append((CALL, "neuron launch", issued, called, pid, thread, correlation, {"launch": what}, flow))
         with self.lock:
             host_work = list(self.host_work)
             stopped = self.stopped or time.time_ns()
