@@ -60,6 +60,9 @@ _register()
 
 from .adaptive import eager_mode, get_eager_mode, set_eager_mode, wait_for_compiles  # noqa: E402,F401
 from .dynamo import GraphCompileError, register as _register_dynamo  # noqa: E402,F401
+from .distributed import register as _register_distributed  # noqa: E402
+
+_register_distributed()
 if config.settings.profiler:
     from . import profiler  # noqa: E402,F401 - torch.profiler's device events
 

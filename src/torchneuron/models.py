@@ -108,7 +108,8 @@ def char_dataset(text: str, block_size: int, batch: int, steps: int, seed: int =
 def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = None, batch: int = 8,
               optimizer: str = "adamw", on_step=None, foreach: bool | None = None, on_ready=None,
               compile_backend: str | None = None, autocast: torch.dtype | None = None,
-              grad_scaler: bool = False, scales: list | None = None, after_backward=None) -> list:
+              grad_scaler: bool = False, scales: list | None = None, after_backward=None, wrap=None,
+              shard: tuple | None = None) -> list:
     """Train a fresh GPT for `steps` steps on `device`; returns the losses.
     `compile_backend`: run the model under torch.compile with that backend
     ("neuron", "inductor"); the optimizer stays eager.
@@ -116,6 +117,10 @@ def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = No
     `grad_scaler`: scale the loss with torch.amp.GradScaler (its scale after
     each step is appended to `scales`); `after_backward(step, model)` runs
     between backward and the optimizer step (tests inject infs there).
+    `wrap(model)`: the model to train (DDP, FSDP2's fully_shard), made before
+    the optimizer; `shard=(rank, world)`: train on that rank's equal slice of
+    each batch (data parallelism: with gradients averaged over the ranks, the
+    same steps as the whole batch in one process).
 
     `foreach` picks the optimizer and clipping implementation (None: PyTorch's
     choice for the device, which is the multi-tensor one on neuron and the
@@ -123,6 +128,8 @@ def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = No
     cfg = cfg or GPTConfig()
     torch.manual_seed(seed)
     model = GPT(cfg).to(device)
+    if wrap is not None:
+        model = wrap(model)
     step_model = torch.compile(model, backend=compile_backend) if compile_backend else model
     # Reseed after init: the CPU and neuron generators then start training from
     # the same state, so dropout masks (and losses) match across devices.
@@ -138,6 +145,10 @@ def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = No
     losses = []
     text = SAMPLE_TEXT * 4
     for step, (x, y) in enumerate(char_dataset(text, cfg.block_size, batch, steps, seed)):
+        if shard is not None:
+            rank, world = shard
+            part = batch // world
+            x, y = x[rank * part:(rank + 1) * part], y[rank * part:(rank + 1) * part]
         x, y = x.to(device), y.to(device)
         with torch.autocast(device_type, dtype=autocast, enabled=autocast is not None):
             _, loss = step_model(x, y)

@@ -1,0 +1,41 @@
+"""torch.distributed on neuron: a c10d backend for neuron tensors.
+
+`dist.init_process_group()` (no backend: the accelerator's), `"neuron"`,
+`"cpu:gloo,neuron:neuron"` or plain `"gloo"` give neuron tensors collectives;
+DDP, FSDP2, DeviceMesh, DTensor and the functional collectives all reach them
+through PyTorch's c10d ops. The transport is gloo (it ships with torch); on
+the CPU target device memory is host memory, so gloo reads and writes the
+tensors' memory in place (collectives.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+
+BACKEND = "neuron"
+
+
+def _create_backend(store, rank: int, size: int, timeout: datetime.timedelta):
+    """The backend object the process group holds for neuron tensors: gloo,
+    which collectives.py drives with the tensors' host aliases."""
+    from torch.distributed import ProcessGroupGloo
+
+    return ProcessGroupGloo(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Register the backend and the collectives' neuron kernels (at import)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or BACKEND in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend(BACKEND, _create_backend, devices=["neuron"])
+    # Code written for CPU tensors says "gloo": let it cover neuron tensors too.
+    capability = dist.Backend.backend_capability.get(dist.Backend.GLOO)
+    if capability is not None and "neuron" not in capability:
+        capability.append("neuron")
+    from . import collectives
+
+    collectives.install()

@@ -1,0 +1,115 @@
+"""Collectives on neuron tensors: PyTorch's c10d ops, run by gloo on the
+tensors' host aliases.
+
+Every collective a process group runs (dist.all_reduce, DDP's buckets,
+FSDP2's all-gathers, the functional collectives DTensor uses) is a c10d op
+dispatched on its tensors' device. The neuron kernel of each:
+
+1. waits for the device work that the collective's tensors depend on (the
+   device's queue is drained; adaptive eager's pending graph is cut first),
+   so gloo reads finished values;
+2. calls the same op on zero-copy CPU aliases of the tensors (on the CPU
+   target device memory is host memory), which gloo runs; outputs land in
+   the neuron tensors' memory with no copy;
+3. returns the neuron tensors and gloo's Work: `wait()` returns once gloo
+   has written them, and device work issued after it reads the results.
+
+The process group's CPU backend carries the aliases; a group created for
+neuron only gets the neuron backend (a gloo) registered for CPU too.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import torch
+
+from .. import _C
+
+# Every c10d collective; each op's neuron kernel is the one below.
+OPS = (
+    "allreduce_", "allreduce_coalesced_", "broadcast_", "reduce_", "allgather_", "_allgather_base_",
+    "allgather_coalesced_", "allgather_into_tensor_coalesced_", "reduce_scatter_", "_reduce_scatter_base_",
+    "reduce_scatter_tensor_coalesced_", "alltoall_", "alltoall_base_", "gather_", "scatter_", "barrier",
+    "monitored_barrier_", "send", "recv_", "recv_any_source_",
+)
+
+_library = None
+_lock = threading.Lock()
+_NEURON = "neuron"
+
+
+def _aliases(value, found: dict, devices: set):
+    """Neuron tensors (also in nested lists) -> their CPU aliases."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type != _NEURON:
+            return value
+        devices.add(value.device.index)
+        alias = _C.host_alias(value)
+        found[id(alias)] = (alias, value)
+        return alias
+    if isinstance(value, (list, tuple)):
+        return type(value)(_aliases(v, found, devices) for v in value)
+    return value
+
+
+def _originals(value, found: dict):
+    """The op's results, with each alias replaced by its neuron tensor."""
+    if isinstance(value, torch.Tensor):
+        entry = found.get(id(value))
+        return entry[1] if entry is not None and entry[0] is value else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_originals(v, found) for v in value)
+    return value
+
+
+def _with_cpu_backend(process_group) -> None:
+    """Make the group's CPU backend carry the aliases: a group made for neuron
+    tensors only (init_process_group() on a neuron host) lends it its neuron
+    backend, which is gloo."""
+    group = torch._C._distributed_c10d.ProcessGroup.unbox(process_group)
+    cpu = torch.device("cpu")
+    if cpu in group._device_types:
+        return
+    with _lock:
+        if cpu not in group._device_types:
+            group._register_backend(cpu, torch._C._distributed_c10d.ProcessGroup.BackendType.CUSTOM,
+                                    group._get_backend(torch.device(_NEURON)))
+
+
+def _kernel(op):
+    def collective(*args, **kwargs):
+        found: dict = {}
+        devices: set = set()
+        host_args = _aliases(args, found, devices)
+        host_kwargs = {k: _aliases(v, found, devices) for k, v in kwargs.items()}
+        for index in sorted(devices):
+            torch.neuron.synchronize(index)  # gloo reads what the device has finished writing
+        group = next((a for a in args if isinstance(a, torch.ScriptObject) and _is_group(a)), None)
+        if group is not None:
+            _with_cpu_backend(group)
+        return _originals(op(*host_args, **host_kwargs), found)
+
+    collective.__name__ = str(op)
+    return collective
+
+
+def _is_group(obj) -> bool:
+    return "ProcessGroup" in str(obj._type())
+
+
+def install() -> None:
+    global _library
+    if _library is not None:
+        return
+    library = torch.library.Library("c10d", "IMPL")
+    with warnings.catch_warnings():
+        # PyTorch registers a neuron (PrivateUse1) kernel for each that asks the
+        # group's neuron backend; these replace it.
+        warnings.simplefilter("ignore")
+        for name in OPS:
+            packet = getattr(torch.ops.c10d, name, None)
+            if packet is not None:
+                library.impl(name, _kernel(packet.default), "PrivateUse1")
+    _library = library

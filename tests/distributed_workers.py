@@ -1,0 +1,200 @@
+"""What each rank runs in tests/test_distributed.py (spawned processes import
+this module). Each worker writes what it found to `out/<rank>.pt`."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def _start(rank, world, port, backend="cpu:gloo,neuron:neuron", timeout=60):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    import torchneuron  # noqa: F401 - autoloaded by torch as well
+
+    torch.neuron.set_device(rank % torch.neuron.device_count())
+    kwargs = {"backend": backend} if backend else {}
+    dist.init_process_group(rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout), **kwargs)
+
+
+def _inputs(rank, world, dtype=torch.float32):
+    g = torch.Generator().manual_seed(100 + rank)
+    if dtype.is_floating_point:
+        return torch.randn(4 * world, 3, generator=g).to(dtype)
+    return torch.randint(0, 64, (4 * world, 3), generator=g, dtype=dtype)
+
+
+def _on(device, value):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    return [_on(device, v) for v in value]
+
+
+def _cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    return [_cpu(v) for v in value]
+
+
+def _collectives(device, rank, world):
+    """Each collective on `device`'s tensors: {name: (results, inputs after the call)}."""
+    out = {}
+    ops = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
+           "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
+    for name, op in ops.items():
+        t = _inputs(rank, world).to(device)
+        dist.all_reduce(t, op=op)
+        out[f"all_reduce {name}"] = ([t], [])
+    for name, op in {"band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}.items():
+        t = _inputs(rank, world, torch.int32).to(device)
+        dist.all_reduce(t, op=op)
+        out[f"all_reduce {name}"] = ([t], [])
+    t = _inputs(rank, world).to(device)
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    out["all_reduce async"] = ([t * 1], [])  # device work after wait() reads the result
+    t = _inputs(rank, world).to(device)
+    dist.broadcast(t, src=1)
+    out["broadcast"] = ([t], [])
+    t = _inputs(rank, world).to(device)
+    dist.reduce(t, dst=0, op=dist.ReduceOp.MAX)
+    out["reduce"] = ([t] if rank == 0 else [], [])
+    x = _inputs(rank, world).to(device)
+    gathered = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(gathered, x)
+    out["all_gather"] = (gathered, [x])
+    x = _inputs(rank, world).to(device)
+    flat = torch.empty(world * x.shape[0], 3, device=device)
+    dist.all_gather_into_tensor(flat, x)
+    out["all_gather_into_tensor"] = ([flat], [x])
+    xs = [_inputs(rank + 10 * k, world).to(device) for k in range(world)]
+    y = torch.empty_like(xs[0])
+    dist.reduce_scatter(y, xs)
+    out["reduce_scatter"] = ([y], xs)
+    x = _inputs(rank, world).to(device)
+    y = torch.empty(4, 3, device=device)
+    dist.reduce_scatter_tensor(y, x, op=dist.ReduceOp.AVG)
+    out["reduce_scatter_tensor avg"] = ([y], [x])
+    xs = [_inputs(rank + 10 * k, world)[:2].to(device) for k in range(world)]
+    ys = [torch.empty(2, 3, device=device) for _ in range(world)]
+    dist.all_to_all(ys, xs)
+    out["all_to_all"] = (ys, xs)
+    x = _inputs(rank, world).to(device)
+    y = torch.empty_like(x)
+    dist.all_to_all_single(y, x)
+    out["all_to_all_single"] = ([y], [x])
+    x = _inputs(rank, world).to(device)
+    gathered = [torch.empty_like(x) for _ in range(world)] if rank == 0 else None
+    dist.gather(x, gathered, dst=0)
+    out["gather"] = (gathered or [], [x])
+    y = torch.empty(4 * world, 3, device=device)
+    pieces = [_inputs(10 + k, world).to(device) for k in range(world)] if rank == 0 else None
+    dist.scatter(y, pieces, src=0)
+    out["scatter"] = ([y], pieces or [])
+    dist.barrier()
+    x = _inputs(rank, world).to(device)
+    if rank == 0:
+        dist.send(x, dst=1)
+        out["send/recv"] = ([], [x])
+    elif rank == 1:
+        y = torch.empty_like(x)
+        dist.recv(y, src=0)
+        out["send/recv"] = ([y], [])
+    x = _inputs(rank, world).to(device)
+    y = torch.empty_like(x)
+    peer = (rank + 1) % world
+    source = (rank - 1) % world
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, y, source)]):
+        work.wait()
+    out["batch_isend_irecv"] = ([y], [x])
+    return {name: (_cpu(results), _cpu(inputs)) for name, (results, inputs) in out.items()}
+
+
+def collectives(rank, world, port, out_dir, mode):
+    os.environ["TORCHNEURON_EAGER_MODE"] = mode
+    _start(rank, world, port)
+    import torchneuron
+
+    torchneuron.set_eager_mode(mode)
+    cpu = _collectives("cpu", rank, world)
+    neuron = _collectives("neuron", rank, world)
+    torch.save({"cpu": cpu, "neuron": neuron}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def default_group(rank, world, port, out_dir):
+    """init_process_group() with no backend on a neuron host: neuron and CPU tensors."""
+    _start(rank, world, port, backend=None)
+    t = torch.full((3,), float(rank + 1), device="neuron")
+    dist.all_reduce(t)
+    c = torch.full((3,), float(rank + 1))
+    dist.all_reduce(c)
+    torch.save({"neuron": t.cpu(), "cpu": c, "backends": dist.get_backend_config()},
+               os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def _cfg():
+    from torchneuron.models import GPTConfig
+
+    return GPTConfig(dropout=0.0)
+
+
+def ddp(rank, world, port, out_dir, steps):
+    _start(rank, world, port)
+    from torch.nn.parallel import DistributedDataParallel
+
+    from torchneuron.models import train_gpt
+
+    losses = train_gpt("neuron", steps, cfg=_cfg(), shard=(rank, world),
+                       wrap=lambda m: DistributedDataParallel(m, bucket_cap_mb=1))
+    torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def fsdp2(rank, world, port, out_dir, steps, reshard):
+    _start(rank, world, port)
+    from torch.distributed.fsdp import fully_shard
+
+    from torchneuron.models import train_gpt
+
+    def shard(model):
+        for block in model.blocks:
+            fully_shard(block, reshard_after_forward=reshard)
+        return fully_shard(model, reshard_after_forward=reshard)
+
+    losses = train_gpt("neuron", steps, cfg=_cfg(), shard=(rank, world), wrap=shard)
+    torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def single(out_dir, steps):
+    """The whole batch in one process: what data parallelism must match."""
+    import torchneuron  # noqa: F401
+
+    from torchneuron.models import train_gpt
+
+    torch.save({"losses": train_gpt("neuron", steps, cfg=_cfg())}, os.path.join(out_dir, "single.pt"))
+
+
+def dead_rank(rank, world, port, out_dir):
+    """Rank 1 dies before the collective; rank 0 must raise, not hang."""
+    import time
+
+    _start(rank, world, port, timeout=15)
+    t = torch.ones(8, device="neuron")
+    dist.all_reduce(t)  # both ranks are up
+    if rank == 1:
+        os._exit(0)
+    started = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        torch.neuron.synchronize()
+        error = None
+    except Exception as e:  # noqa: BLE001 - what the survivor saw
+        error = f"{type(e).__name__}: {e}"
+    torch.save({"error": error, "seconds": time.monotonic() - started}, os.path.join(out_dir, f"{rank}.pt"))
+    os._exit(0)  # the group cannot be torn down cleanly without its peer

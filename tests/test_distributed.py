@@ -1,0 +1,101 @@
+"""torch.distributed on neuron (issue: distributed training), with real
+processes on loopback: every collective against the same collective on CPU
+tensors with gloo, DDP and FSDP2 against one process with the whole batch,
+and a dead rank."""
+
+import os
+import socket
+import sys
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(__file__))
+import distributed_workers as workers  # noqa: E402
+
+WORLD = 2
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(fn, out_dir, *args, world=WORLD, join=True):
+    os.makedirs(out_dir, exist_ok=True)
+    mp.start_processes(fn, args=(world, _port(), str(out_dir), *args), nprocs=world, start_method="spawn",
+                       join=join)
+    return [torch.load(os.path.join(out_dir, f"{r}.pt"), weights_only=False) for r in range(world)
+            if os.path.exists(os.path.join(out_dir, f"{r}.pt"))]
+
+
+@pytest.mark.parametrize("mode", ["op", "adaptive"])
+def test_every_collective_matches_gloo_on_cpu_tensors(tmp_path, mode):
+    ranks = _spawn(workers.collectives, tmp_path, mode)
+    assert len(ranks) == WORLD
+    expected = {"all_reduce sum", "all_reduce product", "all_reduce min", "all_reduce max", "all_reduce avg",
+                "all_reduce band", "all_reduce bor", "all_reduce bxor", "all_reduce async", "broadcast", "reduce",
+                "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor avg", "all_to_all",
+                "all_to_all_single", "gather", "scatter", "send/recv", "batch_isend_irecv"}
+    for rank, found in enumerate(ranks):
+        assert set(found["neuron"]) == set(found["cpu"]) == expected
+        for name, (cpu_results, cpu_inputs) in found["cpu"].items():
+            results, inputs = found["neuron"][name]
+            assert len(results) == len(cpu_results), (rank, name)
+            for got, want in zip(results, cpu_results):
+                torch.testing.assert_close(got, want, msg=f"rank {rank}: {name}")
+            for got, want in zip(inputs, cpu_inputs):  # inputs are left as they were
+                torch.testing.assert_close(got, want, msg=f"rank {rank}: {name} changed its input")
+    # The collectives did move data: ranks see each other's values.
+    assert not torch.equal(ranks[0]["neuron"]["all_gather"][0][1], ranks[0]["neuron"]["all_gather"][1][0])
+    torch.testing.assert_close(ranks[0]["neuron"]["all_reduce sum"][0][0], ranks[1]["neuron"]["all_reduce sum"][0][0])
+
+
+def test_init_process_group_with_no_backend_covers_neuron_and_cpu_tensors(tmp_path):
+    ranks = _spawn(workers.default_group, tmp_path)
+    for found in ranks:
+        assert torch.equal(found["neuron"], torch.full((3,), 3.0))
+        assert torch.equal(found["cpu"], torch.full((3,), 3.0))
+        assert "neuron:neuron" in str(found["backends"])
+
+
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def single_process_losses(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single")
+    process = mp.get_context("spawn").Process(target=workers.single, args=(str(out), STEPS))
+    process.start()
+    process.join(900)
+    assert process.exitcode == 0
+    return torch.load(os.path.join(out, "single.pt"))["losses"]
+
+
+def _mean_over_ranks(ranks) -> list:
+    return [sum(r["losses"][k] for r in ranks) / len(ranks) for k in range(STEPS)]
+
+
+def test_ddp_matches_one_process_with_the_whole_batch(tmp_path, single_process_losses):
+    ranks = _spawn(workers.ddp, tmp_path, STEPS)
+    losses = _mean_over_ranks(ranks)
+    assert losses[-1] < losses[0]  # it trained
+    for step, (got, want) in enumerate(zip(losses, single_process_losses)):
+        assert got == pytest.approx(want, abs=1e-5), (step, losses, single_process_losses)
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_fsdp2_matches_one_process_with_the_whole_batch(tmp_path, single_process_losses, reshard):
+    ranks = _spawn(workers.fsdp2, tmp_path, STEPS, reshard)
+    losses = _mean_over_ranks(ranks)
+    for step, (got, want) in enumerate(zip(losses, single_process_losses)):
+        assert got == pytest.approx(want, abs=1e-5), (step, losses, single_process_losses)
+
+
+def test_a_dead_rank_makes_the_others_raise_within_the_timeout(tmp_path):
+    ranks = _spawn(workers.dead_rank, tmp_path, join=True)
+    survivor = ranks[0]
+    assert survivor["error"] is not None, "the collective with a dead peer returned"
+    assert survivor["seconds"] < 60
