@@ -177,7 +177,8 @@ def single(out_dir, steps):
 
     from torchneuron.models import train_gpt
 
-    torch.save({"losses": train_gpt("neuron", steps, cfg=_cfg())}, os.path.join(out_dir, "single.pt"))
+    torch.save({"losses": train_gpt("neuron", steps, cfg=_cfg()),
+                "unclipped": train_gpt("neuron", steps, cfg=_cfg(), clip=False, foreach=False)}, os.path.join(out_dir, "single.pt"))
 
 
 def dead_rank(rank, world, port, out_dir):
@@ -198,3 +199,86 @@ def dead_rank(rank, world, port, out_dir):
         error = f"{type(e).__name__}: {e}"
     torch.save({"error": error, "seconds": time.monotonic() - started}, os.path.join(out_dir, f"{rank}.pt"))
     os._exit(0)  # the group cannot be torn down cleanly without its peer
+
+
+def hung_rank(rank, world, port, out_dir):
+    """Rank 1 stops answering (it sleeps) before the collective; rank 0 must
+    raise once the group's timeout passes."""
+    import time
+
+    _start(rank, world, port, timeout=10)
+    t = torch.ones(8, device="neuron")
+    dist.all_reduce(t)
+    if rank == 1:
+        time.sleep(40)
+        os._exit(0)
+    started = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        error = None
+    except Exception as e:  # noqa: BLE001
+        error = f"{type(e).__name__}: {e}"
+    torch.save({"error": error, "seconds": time.monotonic() - started}, os.path.join(out_dir, f"{rank}.pt"))
+    os._exit(0)
+
+
+def dtensors(rank, world, port, out_dir):
+    """DeviceMesh("neuron") and DTensor ops and redistribution, against the full tensors on CPU."""
+    _start(rank, world, port)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("neuron", (world,))
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.randn(8, 6, generator=g), torch.randn(6, 4, generator=g)
+    da = distribute_tensor(a.to("neuron"), mesh, [Shard(0)])
+    db = distribute_tensor(b.to("neuron"), mesh, [Replicate()])
+    out = {
+        "local shard": da.to_local().cpu(),
+        "matmul": (da @ db).full_tensor().cpu(),
+        "sum": da.sum().full_tensor().cpu(),
+        "shard1 -> replicate": distribute_tensor(a.to("neuron"), mesh, [Shard(1)]).redistribute(
+            mesh, [Replicate()]).to_local().cpu(),
+        "replicate -> shard0": distribute_tensor(a.to("neuron"), mesh, [Replicate()]).redistribute(
+            mesh, [Shard(0)]).to_local().cpu(),
+        "shard0 -> shard1": da.redistribute(mesh, [Shard(1)]).to_local().cpu(),
+        "partial -> replicate": torch.distributed.tensor.DTensor.from_local(
+            torch.full((3,), float(rank + 1), device="neuron"), mesh, [Partial()]).redistribute(
+            mesh, [Replicate()]).to_local().cpu(),
+        "device": str(da.device),
+    }
+    torch.save({"out": out, "a": a, "b": b}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def tensor_parallel(rank, world, port, out_dir, steps):
+    """The GPT's MLPs split column-wise then row-wise over a 1-D mesh (the
+    attention stays replicated); every rank trains on the whole batch."""
+    _start(rank, world, port)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from torchneuron.models import train_gpt
+
+    mesh = init_device_mesh("neuron", (world,))
+
+    def split(model):
+        for block in model.blocks:
+            parallelize_module(block.mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        return model
+
+    losses = train_gpt("neuron", steps, cfg=_cfg(), wrap=split, clip=False, foreach=False)
+    torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def compiled_ddp(rank, world, port, out_dir, steps):
+    _start(rank, world, port)
+    from torch.nn.parallel import DistributedDataParallel
+
+    from torchneuron.models import train_gpt
+
+    losses = train_gpt("neuron", steps, cfg=_cfg(), shard=(rank, world), compile_backend="neuron",
+                       wrap=lambda m: DistributedDataParallel(m, bucket_cap_mb=1))
+    torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()

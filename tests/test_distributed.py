@@ -71,7 +71,7 @@ def single_process_losses(tmp_path_factory):
     process.start()
     process.join(900)
     assert process.exitcode == 0
-    return torch.load(os.path.join(out, "single.pt"))["losses"]
+    return torch.load(os.path.join(out, "single.pt"))
 
 
 def _mean_over_ranks(ranks) -> list:
@@ -82,7 +82,7 @@ def test_ddp_matches_one_process_with_the_whole_batch(tmp_path, single_process_l
     ranks = _spawn(workers.ddp, tmp_path, STEPS)
     losses = _mean_over_ranks(ranks)
     assert losses[-1] < losses[0]  # it trained
-    for step, (got, want) in enumerate(zip(losses, single_process_losses)):
+    for step, (got, want) in enumerate(zip(losses, single_process_losses["losses"])):
         assert got == pytest.approx(want, abs=1e-5), (step, losses, single_process_losses)
 
 
@@ -90,7 +90,7 @@ def test_ddp_matches_one_process_with_the_whole_batch(tmp_path, single_process_l
 def test_fsdp2_matches_one_process_with_the_whole_batch(tmp_path, single_process_losses, reshard):
     ranks = _spawn(workers.fsdp2, tmp_path, STEPS, reshard)
     losses = _mean_over_ranks(ranks)
-    for step, (got, want) in enumerate(zip(losses, single_process_losses)):
+    for step, (got, want) in enumerate(zip(losses, single_process_losses["losses"])):
         assert got == pytest.approx(want, abs=1e-5), (step, losses, single_process_losses)
 
 
@@ -99,3 +99,38 @@ def test_a_dead_rank_makes_the_others_raise_within_the_timeout(tmp_path):
     survivor = ranks[0]
     assert survivor["error"] is not None, "the collective with a dead peer returned"
     assert survivor["seconds"] < 60
+
+
+def test_a_hung_rank_makes_the_others_raise_once_the_timeout_passes(tmp_path):
+    survivor = _spawn(workers.hung_rank, tmp_path)[0]
+    assert survivor["error"] is not None, "the collective with a hung peer returned"
+    assert 5 < survivor["seconds"] < 35, survivor  # the group's timeout is 10 s
+
+
+def test_device_mesh_and_dtensor_ops_and_redistribution(tmp_path):
+    ranks = _spawn(workers.dtensors, tmp_path)
+    a, b = ranks[0]["a"], ranks[0]["b"]
+    for rank, found in enumerate(ranks):
+        out = found["out"]
+        assert out["device"].startswith("neuron")
+        torch.testing.assert_close(out["local shard"], a.chunk(WORLD, 0)[rank])
+        torch.testing.assert_close(out["matmul"], a @ b)
+        torch.testing.assert_close(out["sum"], a.sum())
+        torch.testing.assert_close(out["shard1 -> replicate"], a)
+        torch.testing.assert_close(out["replicate -> shard0"], a.chunk(WORLD, 0)[rank])
+        torch.testing.assert_close(out["shard0 -> shard1"], a.chunk(WORLD, 1)[rank])
+        torch.testing.assert_close(out["partial -> replicate"], torch.full((3,), float(sum(range(1, WORLD + 1)))))
+
+
+def test_tensor_parallel_gpt_matches_one_process(tmp_path, single_process_losses):
+    ranks = _spawn(workers.tensor_parallel, tmp_path, STEPS)
+    for found in ranks:
+        for step, (got, want) in enumerate(zip(found["losses"], single_process_losses["unclipped"])):
+            assert got == pytest.approx(want, abs=1e-5), (step, found["losses"], single_process_losses)
+
+
+def test_compiled_ddp_matches_one_process(tmp_path, single_process_losses):
+    ranks = _spawn(workers.compiled_ddp, tmp_path, STEPS)
+    losses = _mean_over_ranks(ranks)
+    for step, (got, want) in enumerate(zip(losses, single_process_losses["losses"])):
+        assert got == pytest.approx(want, abs=1e-4), (step, losses, single_process_losses)

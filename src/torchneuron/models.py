@@ -109,7 +109,7 @@ def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = No
               optimizer: str = "adamw", on_step=None, foreach: bool | None = None, on_ready=None,
               compile_backend: str | None = None, autocast: torch.dtype | None = None,
               grad_scaler: bool = False, scales: list | None = None, after_backward=None, wrap=None,
-              shard: tuple | None = None) -> list:
+              shard: tuple | None = None, clip: bool = True) -> list:
     """Train a fresh GPT for `steps` steps on `device`; returns the losses.
     `compile_backend`: run the model under torch.compile with that backend
     ("neuron", "inductor"); the optimizer stays eager.
@@ -120,7 +120,8 @@ def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = No
     `wrap(model)`: the model to train (DDP, FSDP2's fully_shard), made before
     the optimizer; `shard=(rank, world)`: train on that rank's equal slice of
     each batch (data parallelism: with gradients averaged over the ranks, the
-    same steps as the whole batch in one process).
+    same steps as the whole batch in one process). `clip`: clip the gradients'
+    norm to 1 (PyTorch cannot when some parameters are DTensors and some not).
 
     `foreach` picks the optimizer and clipping implementation (None: PyTorch's
     choice for the device, which is the multi-tensor one on neuron and the
@@ -156,8 +157,9 @@ def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = No
         scaler.scale(loss).backward()
         if after_backward is not None:
             after_backward(step, model)
-        scaler.unscale_(opt)  # clip the true gradients
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=foreach)
+        if clip:
+            scaler.unscale_(opt)  # clip the true gradients
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=foreach)
         scaler.step(opt)
         scaler.update()
         if scales is not None:

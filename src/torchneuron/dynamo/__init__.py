@@ -12,8 +12,8 @@ from . import flex_attention
 from .backend import GraphCompileError, neuron
 
 
-_INTERNALS = ("adaptive", "cache", "compiler", "config", "device", "dispatch", "dynamo", "lowering", "memory",
-              "runtime", "service")
+_INTERNALS = ("adaptive", "cache", "compiler", "config", "device", "dispatch", "distributed", "dynamo", "lowering",
+              "memory", "profiler", "runtime", "service", "trace")
 
 
 def register() -> None:
