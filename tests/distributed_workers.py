@@ -282,3 +282,109 @@ def compiled_ddp(rank, world, port, out_dir, steps):
                        wrap=lambda m: DistributedDataParallel(m, bucket_cap_mb=1))
     torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
     dist.destroy_process_group()
+
+
+def _gpt_and_adamw(wrap=None):
+    """The model and optimizer train_gpt makes (same seeds)."""
+    from torchneuron.models import GPT
+
+    torch.manual_seed(0)
+    model = GPT(_cfg()).to("neuron")
+    if wrap is not None:
+        model = wrap(model)
+    torch.manual_seed(1)
+    return model, torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+
+
+def _train(model, opt, first, last, shard=None):
+    """train_gpt's steps first..last-1 (its data stream, skipped up to `first`)."""
+    from torchneuron.models import SAMPLE_TEXT, char_dataset
+
+    cfg, batch, losses = _cfg(), 8, []
+    for step, (x, y) in enumerate(char_dataset(SAMPLE_TEXT * 4, cfg.block_size, batch, last, 0)):
+        if step < first:
+            continue
+        if shard is not None:
+            part = batch // shard[1]
+            x, y = x[shard[0] * part:(shard[0] + 1) * part], y[shard[0] * part:(shard[0] + 1) * part]
+        _, loss = model(x.to("neuron"), y.to("neuron"))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def checkpoint_save(rank, world, port, out_dir, steps, more):
+    """FSDP2 on `world` ranks: train, save a sharded checkpoint (model and
+    optimizer) with torch.distributed.checkpoint, then train on."""
+    _start(rank, world, port)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    model, opt = _gpt_and_adamw(lambda m: fully_shard(m))
+    before = _train(model, opt, 0, steps, shard=(rank, world))
+    model_state, optim_state = get_state_dict(model, opt)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=os.path.join(out_dir, "checkpoint"))
+    after = _train(model, opt, steps, steps + more, shard=(rank, world))
+    torch.save({"before": before, "after": after}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def checkpoint_load(out_dir, steps, more):
+    """One process, no process group: load the sharded checkpoint and train on
+    the whole batch."""
+    import torchneuron  # noqa: F401
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model, opt = _gpt_and_adamw()
+    _train(model, opt, 0, 1)  # the optimizer's state exists, to be overwritten by the checkpoint's
+    model_state, optim_state = get_state_dict(model, opt)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=os.path.join(out_dir, "checkpoint"))
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    torch.save({"after": _train(model, opt, steps, steps + more)}, os.path.join(out_dir, "resumed.pt"))
+
+
+def fsdp_tp(rank, world, port, out_dir, steps):
+    """FSDP2 over the mesh's "dp" dimension and tensor parallelism (the
+    MLPs) over "tp", on a 2x2 mesh."""
+    _start(rank, world, port)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from torchneuron.models import train_gpt
+
+    mesh = init_device_mesh("neuron", (2, world // 2), mesh_dim_names=("dp", "tp"))
+
+    def split(model):
+        for block in model.blocks:
+            parallelize_module(block.mlp, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+            fully_shard(block, mesh=mesh["dp"])
+        return fully_shard(model, mesh=mesh["dp"])
+
+    dp_rank = mesh["dp"].get_local_rank()
+    losses = train_gpt("neuron", steps, cfg=_cfg(), wrap=split, clip=False, foreach=False, shard=(dp_rank, 2))
+    torch.save({"losses": losses, "dp": dp_rank}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def zero(rank, world, port, out_dir, steps):
+    """ZeroRedundancyOptimizer (each rank keeps half the AdamW state) with DDP."""
+    _start(rank, world, port)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    from torchneuron.models import train_gpt
+
+    def optimizer(params):
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=3e-3, weight_decay=0.1)
+
+    losses = train_gpt("neuron", steps, cfg=_cfg(), shard=(rank, world), optimizer=optimizer,
+                       wrap=lambda m: DistributedDataParallel(m, bucket_cap_mb=1))
+    torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()

@@ -25,8 +25,16 @@ def _port() -> int:
 
 def _spawn(fn, out_dir, *args, world=WORLD, join=True):
     os.makedirs(out_dir, exist_ok=True)
-    mp.start_processes(fn, args=(world, _port(), str(out_dir), *args), nprocs=world, start_method="spawn",
-                       join=join)
+    count = os.environ.get("TORCHNEURON_DEVICE_COUNT")
+    os.environ["TORCHNEURON_DEVICE_COUNT"] = str(max(world, int(count or 1)))  # a device per rank
+    try:
+        mp.start_processes(fn, args=(world, _port(), str(out_dir), *args), nprocs=world, start_method="spawn",
+                           join=join)
+    finally:
+        if count is None:
+            del os.environ["TORCHNEURON_DEVICE_COUNT"]
+        else:
+            os.environ["TORCHNEURON_DEVICE_COUNT"] = count
     return [torch.load(os.path.join(out_dir, f"{r}.pt"), weights_only=False) for r in range(world)
             if os.path.exists(os.path.join(out_dir, f"{r}.pt"))]
 
@@ -134,3 +142,33 @@ def test_compiled_ddp_matches_one_process(tmp_path, single_process_losses):
     losses = _mean_over_ranks(ranks)
     for step, (got, want) in enumerate(zip(losses, single_process_losses["losses"])):
         assert got == pytest.approx(want, abs=1e-4), (step, losses, single_process_losses)
+
+
+def test_a_checkpoint_saved_on_two_ranks_loads_on_one_and_training_resumes(tmp_path):
+    steps, more = 4, 3
+    ranks = _spawn(workers.checkpoint_save, tmp_path, steps, more)
+    assert (tmp_path / "checkpoint" / ".metadata").exists()
+    process = mp.get_context("spawn").Process(target=workers.checkpoint_load, args=(str(tmp_path), steps, more))
+    process.start()
+    process.join(900)
+    assert process.exitcode == 0
+    resumed = torch.load(tmp_path / "resumed.pt")["after"]
+    on_two = [sum(r["after"][k] for r in ranks) / len(ranks) for k in range(more)]
+    for step, (got, want) in enumerate(zip(resumed, on_two)):
+        assert got == pytest.approx(want, abs=1e-5), (step, resumed, on_two)
+
+
+def test_fsdp2_with_tensor_parallel_on_a_2x2_mesh(tmp_path, single_process_losses):
+    ranks = _spawn(workers.fsdp_tp, tmp_path, 5, world=4)
+    assert len(ranks) == 4
+    for k in range(5):  # the two data-parallel halves average to the whole batch's loss
+        by_dp = {r["dp"]: r["losses"][k] for r in ranks}
+        got = sum(by_dp.values()) / 2
+        assert got == pytest.approx(single_process_losses["unclipped"][k], abs=1e-5), (k, ranks)
+
+
+def test_zero_redundancy_optimizer_with_ddp_matches_one_process(tmp_path, single_process_losses):
+    ranks = _spawn(workers.zero, tmp_path, STEPS)
+    losses = _mean_over_ranks(ranks)
+    for step, (got, want) in enumerate(zip(losses, single_process_losses["losses"])):
+        assert got == pytest.approx(want, abs=1e-5), (step, losses, single_process_losses)

@@ -135,7 +135,9 @@ def train_gpt(device: str, steps: int, seed: int = 0, cfg: GPTConfig | None = No
     # Reseed after init: the CPU and neuron generators then start training from
     # the same state, so dropout masks (and losses) match across devices.
     torch.manual_seed(seed + 1)
-    if optimizer == "adamw":
+    if callable(optimizer):  # optimizer(parameters): ZeroRedundancyOptimizer, ...
+        opt = optimizer(model.parameters())
+    elif optimizer == "adamw":
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, foreach=foreach)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=foreach)
