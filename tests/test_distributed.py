@@ -172,3 +172,42 @@ def test_zero_redundancy_optimizer_with_ddp_matches_one_process(tmp_path, single
     losses = _mean_over_ranks(ranks)
     for step, (got, want) in enumerate(zip(losses, single_process_losses["losses"])):
         assert got == pytest.approx(want, abs=1e-5), (step, losses, single_process_losses)
+
+
+_TORCHRUN_SCRIPT = """
+import os, torch, torch.distributed as dist
+torch.neuron.set_device(int(os.environ["LOCAL_RANK"]))
+dist.init_process_group()
+rank = dist.get_rank()
+t = torch.full((4,), float(rank + 1), device="neuron")
+dist.all_reduce(t)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2).to("neuron"))
+model(t[None]).sum().backward()
+print(f"rank {rank} of {dist.get_world_size()} on {t.device}: {t.cpu().tolist()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _torchrun(script, *flags, env=None):
+    import subprocess
+
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *flags, str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, TORCHNEURON_DEVICE_COUNT="2", **(env or {})))
+
+
+def test_torchrun_on_one_host_and_as_two_hosts(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(_TORCHRUN_SCRIPT)
+    one_host = _torchrun(script, "--nproc-per-node", "2", "--master-port", str(_port()))
+    out = one_host.communicate(timeout=600)[0]
+    assert one_host.returncode == 0, out[-3000:]
+    assert "rank 0 of 2 on neuron:0: [3.0, 3.0, 3.0, 3.0]" in out and "rank 1 of 2 on neuron:1" in out
+    # Two "hosts" (two launchers, a node rank each) meeting over TCP on loopback.
+    port = str(_port())
+    hosts = [_torchrun(script, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
+                       "--master-addr", "127.0.0.1", "--master-port", port) for node in (0, 1)]
+    outs = [h.communicate(timeout=600)[0] for h in hosts]
+    assert all(h.returncode == 0 for h in hosts), outs
+    assert "rank 0 of 2 on neuron:0: [3.0, 3.0, 3.0, 3.0]" in outs[0]
+    assert "rank 1 of 2 on neuron:0: [3.0, 3.0, 3.0, 3.0]" in outs[1]

@@ -64,39 +64,39 @@ def _originals(value, found: dict):
     return value
 
 
+_ready: set = set()  # ids of the groups whose CPU backend is known to be there (groups live on)
+
+
 def _with_cpu_backend(process_group) -> None:
     """Make the group's CPU backend carry the aliases: a group made for neuron
     tensors only (init_process_group() on a neuron host) lends it its neuron
     backend, which is gloo."""
     group = torch._C._distributed_c10d.ProcessGroup.unbox(process_group)
-    cpu = torch.device("cpu")
-    if cpu in group._device_types:
+    if id(group) in _ready:
         return
+    cpu = torch.device("cpu")
     with _lock:
         if cpu not in group._device_types:
             group._register_backend(cpu, torch._C._distributed_c10d.ProcessGroup.BackendType.CUSTOM,
                                     group._get_backend(torch.device(_NEURON)))
+        _ready.add(id(group))
 
 
 def _kernel(op):
+    group_at = [a.name for a in op._schema.arguments].index("process_group")
+
     def collective(*args, **kwargs):
         found: dict = {}
         devices: set = set()
         host_args = _aliases(args, found, devices)
-        host_kwargs = {k: _aliases(v, found, devices) for k, v in kwargs.items()}
-        for index in sorted(devices):
+        host_kwargs = {k: _aliases(v, found, devices) for k, v in kwargs.items()} if kwargs else kwargs
+        for index in devices:
             torch.neuron.synchronize(index)  # gloo reads what the device has finished writing
-        group = next((a for a in args if isinstance(a, torch.ScriptObject) and _is_group(a)), None)
-        if group is not None:
-            _with_cpu_backend(group)
+        _with_cpu_backend(args[group_at] if group_at < len(args) else kwargs["process_group"])
         return _originals(op(*host_args, **host_kwargs), found)
 
     collective.__name__ = str(op)
     return collective
-
-
-def _is_group(obj) -> bool:
-    return "ProcessGroup" in str(obj._type())
 
 
 def install() -> None:
