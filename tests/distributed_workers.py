@@ -388,3 +388,89 @@ def zero(rank, world, port, out_dir, steps):
                        wrap=lambda m: DistributedDataParallel(m, bucket_cap_mb=1))
     torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
     dist.destroy_process_group()
+
+
+def _untied_gpt():
+    """The GPT with its head's weight a copy of the embedding's (a pipeline
+    puts the two on different stages)."""
+    from torchneuron.models import GPT
+
+    torch.manual_seed(0)
+    model = GPT(_cfg())
+    model.head.weight = torch.nn.Parameter(model.tok.weight.detach().clone())
+    return model.to("neuron")
+
+
+class _FirstStage(torch.nn.Module):
+    def __init__(self, gpt):
+        super().__init__()
+        self.tok, self.pos, self.blocks = gpt.tok, gpt.pos, gpt.blocks[:1]
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.size(1), device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class _LastStage(torch.nn.Module):
+    def __init__(self, gpt):
+        super().__init__()
+        self.blocks, self.ln_f, self.head = gpt.blocks[1:], gpt.ln_f, gpt.head
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def _loss(logits, targets):
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def _batches(steps):
+    from torchneuron.models import SAMPLE_TEXT, char_dataset
+
+    return char_dataset(SAMPLE_TEXT * 4, _cfg().block_size, 8, steps, 0)
+
+
+def pipeline(rank, world, port, out_dir, steps, schedule_name):
+    """The GPT in two stages, one per rank, 4 microbatches per step."""
+    _start(rank, world, port)
+    from torch.distributed import pipelining
+
+    gpt = _untied_gpt()
+    module = _FirstStage(gpt) if rank == 0 else _LastStage(gpt)
+    stage = pipelining.PipelineStage(module, rank, world, torch.device("neuron", torch.neuron.current_device()))
+    schedule = getattr(pipelining, schedule_name)(stage, n_microbatches=4, loss_fn=_loss)
+    torch.manual_seed(1)
+    opt = torch.optim.AdamW(module.parameters(), lr=3e-3, weight_decay=0.1)
+    losses = []
+    for x, y in _batches(steps):
+        opt.zero_grad(set_to_none=True)
+        if rank == 0:
+            schedule.step(x.to("neuron"))
+        else:
+            micro = []
+            schedule.step(target=y.to("neuron"), losses=micro)
+            losses.append(sum(m.item() for m in micro) / len(micro))
+        opt.step()
+    torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def pipeline_reference(out_dir, steps):
+    """The same model and optimizer in one process, on the whole batch."""
+    import torchneuron  # noqa: F401
+
+    gpt = _untied_gpt()
+    torch.manual_seed(1)
+    opt = torch.optim.AdamW(gpt.parameters(), lr=3e-3, weight_decay=0.1)
+    losses = []
+    for x, y in _batches(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = _loss(_LastStage(gpt)(_FirstStage(gpt)(x.to("neuron"))), y.to("neuron"))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    torch.save({"losses": losses}, os.path.join(out_dir, "reference.pt"))

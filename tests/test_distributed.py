@@ -211,3 +211,22 @@ def test_torchrun_on_one_host_and_as_two_hosts(tmp_path):
     assert all(h.returncode == 0 for h in hosts), outs
     assert "rank 0 of 2 on neuron:0: [3.0, 3.0, 3.0, 3.0]" in outs[0]
     assert "rank 1 of 2 on neuron:0: [3.0, 3.0, 3.0, 3.0]" in outs[1]
+
+
+@pytest.fixture(scope="module")
+def pipeline_reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pipeline")
+    process = mp.get_context("spawn").Process(target=workers.pipeline_reference, args=(str(out), STEPS))
+    process.start()
+    process.join(900)
+    assert process.exitcode == 0
+    return torch.load(os.path.join(out, "reference.pt"))["losses"]
+
+
+@pytest.mark.parametrize("schedule", ["ScheduleGPipe", "Schedule1F1B"])
+def test_a_two_stage_pipeline_matches_one_process(tmp_path, pipeline_reference, schedule):
+    ranks = _spawn(workers.pipeline, tmp_path, STEPS, schedule)
+    losses = ranks[1]["losses"]  # the last stage computes the loss
+    assert losses[-1] < losses[0]
+    for step, (got, want) in enumerate(zip(losses, pipeline_reference)):
+        assert got == pytest.approx(want, abs=1e-5), (step, losses, pipeline_reference)
