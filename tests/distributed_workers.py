@@ -210,7 +210,7 @@ def hung_rank(rank, world, port, out_dir):
     t = torch.ones(8, device="neuron")
     dist.all_reduce(t)
     if rank == 1:
-        time.sleep(40)
+        time.sleep(20)
         os._exit(0)
     started = time.monotonic()
     try:

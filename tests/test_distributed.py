@@ -112,7 +112,7 @@ def test_a_dead_rank_makes_the_others_raise_within_the_timeout(tmp_path):
 def test_a_hung_rank_makes_the_others_raise_once_the_timeout_passes(tmp_path):
     survivor = _spawn(workers.hung_rank, tmp_path)[0]
     assert survivor["error"] is not None, "the collective with a hung peer returned"
-    assert 5 < survivor["seconds"] < 35, survivor  # the group's timeout is 10 s
+    assert 5 < survivor["seconds"] < 19, survivor  # the group timeout is 10 s; the peer sleeps 20 s
 
 
 def test_device_mesh_and_dtensor_ops_and_redistribution(tmp_path):

@@ -70,14 +70,16 @@ _ready: set = set()  # ids of the groups whose CPU backend is known to be there 
 def _with_cpu_backend(process_group) -> None:
     """Make the group's CPU backend carry the aliases: a group made for neuron
     tensors only (init_process_group() on a neuron host) lends it its neuron
-    backend, which is gloo."""
+    backend, which is gloo. It is registered as GLOO: such a group's default
+    backend type is GLOO (torch picks it for a group with no backend named),
+    which DDP and get_backend look up."""
     group = torch._C._distributed_c10d.ProcessGroup.unbox(process_group)
     if id(group) in _ready:
         return
     cpu = torch.device("cpu")
     with _lock:
         if cpu not in group._device_types:
-            group._register_backend(cpu, torch._C._distributed_c10d.ProcessGroup.BackendType.CUSTOM,
+            group._register_backend(cpu, torch._C._distributed_c10d.ProcessGroup.BackendType.GLOO,
                                     group._get_backend(torch.device(_NEURON)))
         _ready.add(id(group))
 
