@@ -474,3 +474,38 @@ def pipeline_reference(out_dir, steps):
         opt.step()
         losses.append(loss.item())
     torch.save({"losses": losses}, os.path.join(out_dir, "reference.pt"))
+
+
+def fsdp2_mixed(rank, world, port, out_dir, steps):
+    """FSDP2 with a mixed precision policy: bfloat16 compute, float32 gradient reduction."""
+    _start(rank, world, port)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from torchneuron.models import train_gpt
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+    def shard(model):
+        for block in model.blocks:
+            fully_shard(block, mp_policy=policy)
+        return fully_shard(model, mp_policy=policy)
+
+    losses = train_gpt("neuron", steps, cfg=_cfg(), shard=(rank, world), wrap=shard)
+    torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def compiled_fsdp2(rank, world, port, out_dir, steps):
+    _start(rank, world, port)
+    from torch.distributed.fsdp import fully_shard
+
+    from torchneuron.models import train_gpt
+
+    def shard(model):
+        for block in model.blocks:
+            fully_shard(block)
+        return fully_shard(model)
+
+    losses = train_gpt("neuron", steps, cfg=_cfg(), shard=(rank, world), wrap=shard, compile_backend="neuron")
+    torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()

@@ -230,3 +230,18 @@ def test_a_two_stage_pipeline_matches_one_process(tmp_path, pipeline_reference, 
     assert losses[-1] < losses[0]
     for step, (got, want) in enumerate(zip(losses, pipeline_reference)):
         assert got == pytest.approx(want, abs=1e-5), (step, losses, pipeline_reference)
+
+
+def test_fsdp2_with_a_bfloat16_mixed_precision_policy_trains_close_to_float32(tmp_path, single_process_losses):
+    ranks = _spawn(workers.fsdp2_mixed, tmp_path, STEPS)
+    losses = _mean_over_ranks(ranks)
+    assert losses[-1] < losses[0]
+    for step, (got, want) in enumerate(zip(losses, single_process_losses["losses"])):
+        assert got == pytest.approx(want, rel=2e-2), (step, losses, single_process_losses)
+
+
+def test_compiled_fsdp2_matches_one_process(tmp_path, single_process_losses):
+    ranks = _spawn(workers.compiled_fsdp2, tmp_path, STEPS)
+    losses = _mean_over_ranks(ranks)
+    for step, (got, want) in enumerate(zip(losses, single_process_losses["losses"])):
+        assert got == pytest.approx(want, abs=1e-4), (step, losses, single_process_losses)
