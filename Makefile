@@ -45,6 +45,8 @@ bench: setup
 	$(PY) bench/train_step.py --write docs/benchmarks.md
 	$(PY) bench/adaptive.py --write docs/benchmarks.md
 	$(PY) bench/compile.py --write docs/benchmarks.md
+	$(PY) bench/profiler.py --write docs/benchmarks.md
+	$(PY) bench/distributed.py --write docs/benchmarks.md
 
 clean:
 	rm -rf build src/*.egg-info src/torchneuron/*.so
