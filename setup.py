@@ -16,6 +16,7 @@ setup(
             sources=[
                 "csrc/allocator.cpp",
                 "csrc/autocast.cpp",
+                "csrc/distributed.cpp",
                 "csrc/guard.cpp",
                 "csrc/hooks.cpp",
                 "csrc/kernels.cpp",

@@ -14,6 +14,7 @@ namespace torchneuron {
 extern std::atomic<uint64_t> supported_dtypes_mask;
 void set_stream_api(pybind11::object api);  // guard.cpp
 void set_profiler_api(pybind11::object api);  // profiler.cpp
+pybind11::tuple premul_sum(const pybind11::object& reduce_op);  // distributed.cpp
 uint64_t current_correlation_id();  // profiler.cpp
 
 namespace {
@@ -150,6 +151,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return as_tuples(check_memory_guards_at(addresses));
   });
   m.def("host_alias", &host_alias);
+  m.def("premul_sum", &premul_sum);
   m.def("device_copy_of", &device_copy_of);
   m.def("host_bytes", &host_bytes);
 }

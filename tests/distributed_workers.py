@@ -509,3 +509,22 @@ def compiled_fsdp2(rank, world, port, out_dir, steps):
     losses = train_gpt("neuron", steps, cfg=_cfg(), shard=(rank, world), wrap=shard, compile_backend="neuron")
     torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
     dist.destroy_process_group()
+
+
+def premul_sum(rank, world, port, out_dir):
+    """PREMUL_SUM(f) (which gloo lacks): the inputs scaled by f, then summed."""
+    _start(rank, world, port)
+    factor = 0.25
+    t = _inputs(rank, world).to("neuron")
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor))
+    x = _inputs(rank, world).to("neuron")
+    y = torch.empty(4, 3, device="neuron")
+    dist.reduce_scatter_tensor(y, x, op=dist._make_nccl_premul_sum(factor))
+    c = _inputs(rank, world)
+    dist.all_reduce(c)
+    cx = _inputs(rank, world)
+    cy = torch.empty(4, 3)
+    dist.reduce_scatter_tensor(cy, cx)
+    torch.save({"all_reduce": (t.cpu(), c * factor), "reduce_scatter": (y.cpu(), cy * factor),
+                "input kept": (x.cpu(), cx)}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()

@@ -245,3 +245,9 @@ def test_compiled_fsdp2_matches_one_process(tmp_path, single_process_losses):
     losses = _mean_over_ranks(ranks)
     for step, (got, want) in enumerate(zip(losses, single_process_losses["losses"])):
         assert got == pytest.approx(want, abs=1e-4), (step, losses, single_process_losses)
+
+
+def test_premul_sum_scales_then_sums(tmp_path):
+    for found in _spawn(workers.premul_sum, tmp_path):
+        for name, (got, want) in found.items():
+            torch.testing.assert_close(got, want, msg=name)

@@ -14,6 +14,9 @@ dispatched on its tensors' device. The neuron kernel of each:
 3. returns the neuron tensors and gloo's Work: `wait()` returns once gloo
    has written them, and device work issued after it reads the results.
 
+gloo has no PREMUL_SUM(f) (FSDP2 with a gradient divide factor): the inputs
+are scaled by f on the device and summed (the factor is read by csrc/distributed.cpp).
+
 The process group's CPU backend carries the aliases; a group created for
 neuron only gets the neuron backend (a gloo) registered for CPU too.
 """
@@ -84,10 +87,40 @@ def _with_cpu_backend(process_group) -> None:
         _ready.add(id(group))
 
 
+_PREMUL_SUM = 8  # c10d::ReduceOp::RedOpType
+# Where a reduction's inputs are: updated in place (the op's own tensors), or
+# inputs to leave as they are (a scaled copy is reduced instead).
+_REDUCED_IN_PLACE = {"allreduce_": "tensors", "allreduce_coalesced_": "tensors", "reduce_": "tensors"}
+_REDUCED_INPUTS = {"reduce_scatter_": "input_tensors", "_reduce_scatter_base_": "input_tensor",
+                   "reduce_scatter_tensor_coalesced_": "inputs"}
+
+
+def _scaled(value, factor, in_place):
+    if isinstance(value, torch.Tensor):
+        return value.mul_(factor) if in_place else value * factor
+    return type(value)(_scaled(v, factor, in_place) for v in value)
+
+
+def _premul_sum_as_sum(name, names, args):
+    """gloo has no PREMUL_SUM(f): scale the inputs by f on the device, then sum."""
+    args = list(args)
+    at = names.index("reduce_op")
+    factor, args[at] = _C.premul_sum(args[at])
+    where = names.index(_REDUCED_IN_PLACE.get(name) or _REDUCED_INPUTS[name])
+    args[where] = _scaled(args[where], factor, name in _REDUCED_IN_PLACE)
+    return tuple(args)
+
+
 def _kernel(op):
-    group_at = [a.name for a in op._schema.arguments].index("process_group")
+    names = [a.name for a in op._schema.arguments]
+    group_at = names.index("process_group")
+    name = op._schema.name.split("::", 1)[1]
+    reduce_at = names.index("reduce_op") if "reduce_op" in names else None
 
     def collective(*args, **kwargs):
+        # (PyTorch passes the c10d ops' arguments by position.)
+        if reduce_at is not None and reduce_at < len(args) and args[reduce_at].op() == _PREMUL_SUM:
+            args = _premul_sum_as_sum(name, names, args)
         found: dict = {}
         devices: set = set()
         host_args = _aliases(args, found, devices)
