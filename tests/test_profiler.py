@@ -326,3 +326,22 @@ def test_a_build_still_running_when_the_session_stops_is_shown(tmp_path):
     running = [e for e in builds if e["args"].get("running_at_stop") == "True"]
     assert running, [e["name"] for e in builds]
     assert all(e["dur"] >= 0 for e in running)
+
+
+def test_the_profile_command_on_the_demo(tmp_path):
+    """`torchneuron profile` on the demo script: the report names the model's lines; HTML and PNG."""
+    import os
+    import subprocess
+    import sys
+
+    import torchneuron.demo
+
+    env = dict(os.environ, TORCHNEURON_COMPILE_WAIT="0")
+    out = subprocess.run([sys.executable, "-m", "torchneuron.cli", "profile", "--html", str(tmp_path / "demo.html"),
+                          torchneuron.demo.__file__, "--steps", "3", "--width", "32", "--layers", "1",
+                          "--context", "16"], env=env, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "loss" in out.stdout  # the demo ran
+    lines = out.stdout.split("top source lines")[1].split("top ops")[0]
+    assert "models.py:" in lines
+    assert (tmp_path / "demo.html").stat().st_size > 1000 and (tmp_path / "demo.png").stat().st_size > 1000
