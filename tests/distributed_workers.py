@@ -143,32 +143,40 @@ def _cfg():
     return GPTConfig(dropout=0.0)
 
 
-def ddp(rank, world, port, out_dir, steps):
-    _start(rank, world, port)
-    from torch.nn.parallel import DistributedDataParallel
+def _fully_shard(**options):
+    """FSDP2 on each block, then the whole model."""
+    from torch.distributed.fsdp import fully_shard
 
+    def shard(model):
+        for block in model.blocks:
+            fully_shard(block, **options)
+        return fully_shard(model, **options)
+
+    return shard
+
+
+def _train_and_save(rank, world, out_dir, steps, **options):
     from torchneuron.models import train_gpt
 
-    losses = train_gpt("neuron", steps, cfg=_cfg(), shard=(rank, world),
-                       wrap=lambda m: DistributedDataParallel(m, bucket_cap_mb=1))
+    losses = train_gpt("neuron", steps, cfg=_cfg(), shard=(rank, world), **options)
     torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
     dist.destroy_process_group()
+
+
+def _ddp(model):
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, bucket_cap_mb=1)  # several buckets
+
+
+def ddp(rank, world, port, out_dir, steps):
+    _start(rank, world, port)
+    _train_and_save(rank, world, out_dir, steps, wrap=_ddp)
 
 
 def fsdp2(rank, world, port, out_dir, steps, reshard):
     _start(rank, world, port)
-    from torch.distributed.fsdp import fully_shard
-
-    from torchneuron.models import train_gpt
-
-    def shard(model):
-        for block in model.blocks:
-            fully_shard(block, reshard_after_forward=reshard)
-        return fully_shard(model, reshard_after_forward=reshard)
-
-    losses = train_gpt("neuron", steps, cfg=_cfg(), shard=(rank, world), wrap=shard)
-    torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
-    dist.destroy_process_group()
+    _train_and_save(rank, world, out_dir, steps, wrap=_fully_shard(reshard_after_forward=reshard))
 
 
 def single(out_dir, steps):
@@ -274,14 +282,7 @@ def tensor_parallel(rank, world, port, out_dir, steps):
 
 def compiled_ddp(rank, world, port, out_dir, steps):
     _start(rank, world, port)
-    from torch.nn.parallel import DistributedDataParallel
-
-    from torchneuron.models import train_gpt
-
-    losses = train_gpt("neuron", steps, cfg=_cfg(), shard=(rank, world), compile_backend="neuron",
-                       wrap=lambda m: DistributedDataParallel(m, bucket_cap_mb=1))
-    torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
-    dist.destroy_process_group()
+    _train_and_save(rank, world, out_dir, steps, wrap=_ddp, compile_backend="neuron")
 
 
 def _gpt_and_adamw(wrap=None):
@@ -377,17 +378,11 @@ def zero(rank, world, port, out_dir, steps):
     """ZeroRedundancyOptimizer (each rank keeps half the AdamW state) with DDP."""
     _start(rank, world, port)
     from torch.distributed.optim import ZeroRedundancyOptimizer
-    from torch.nn.parallel import DistributedDataParallel
-
-    from torchneuron.models import train_gpt
 
     def optimizer(params):
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=3e-3, weight_decay=0.1)
 
-    losses = train_gpt("neuron", steps, cfg=_cfg(), shard=(rank, world), optimizer=optimizer,
-                       wrap=lambda m: DistributedDataParallel(m, bucket_cap_mb=1))
-    torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
-    dist.destroy_process_group()
+    _train_and_save(rank, world, out_dir, steps, wrap=_ddp, optimizer=optimizer)
 
 
 def _untied_gpt():
@@ -479,36 +474,15 @@ def pipeline_reference(out_dir, steps):
 def fsdp2_mixed(rank, world, port, out_dir, steps):
     """FSDP2 with a mixed precision policy: bfloat16 compute, float32 gradient reduction."""
     _start(rank, world, port)
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from torchneuron.models import train_gpt
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-
-    def shard(model):
-        for block in model.blocks:
-            fully_shard(block, mp_policy=policy)
-        return fully_shard(model, mp_policy=policy)
-
-    losses = train_gpt("neuron", steps, cfg=_cfg(), shard=(rank, world), wrap=shard)
-    torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
-    dist.destroy_process_group()
+    _train_and_save(rank, world, out_dir, steps, wrap=_fully_shard(mp_policy=policy))
 
 
 def compiled_fsdp2(rank, world, port, out_dir, steps):
     _start(rank, world, port)
-    from torch.distributed.fsdp import fully_shard
-
-    from torchneuron.models import train_gpt
-
-    def shard(model):
-        for block in model.blocks:
-            fully_shard(block)
-        return fully_shard(model)
-
-    losses = train_gpt("neuron", steps, cfg=_cfg(), shard=(rank, world), wrap=shard, compile_backend="neuron")
-    torch.save({"losses": losses}, os.path.join(out_dir, f"{rank}.pt"))
-    dist.destroy_process_group()
+    _train_and_save(rank, world, out_dir, steps, wrap=_fully_shard(), compile_backend="neuron")
 
 
 def premul_sum(rank, world, port, out_dir):

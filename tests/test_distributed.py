@@ -86,20 +86,24 @@ def _mean_over_ranks(ranks) -> list:
     return [sum(r["losses"][k] for r in ranks) / len(ranks) for k in range(STEPS)]
 
 
+def _assert_matches(losses, reference, **tolerance):
+    assert len(losses) == len(reference)
+    for step, (got, want) in enumerate(zip(losses, reference)):
+        assert got == pytest.approx(want, **tolerance), (step, losses, reference)
+
+
 def test_ddp_matches_one_process_with_the_whole_batch(tmp_path, single_process_losses):
     ranks = _spawn(workers.ddp, tmp_path, STEPS)
     losses = _mean_over_ranks(ranks)
     assert losses[-1] < losses[0]  # it trained
-    for step, (got, want) in enumerate(zip(losses, single_process_losses["losses"])):
-        assert got == pytest.approx(want, abs=1e-5), (step, losses, single_process_losses)
+    _assert_matches(losses, single_process_losses["losses"], abs=1e-5)
 
 
 @pytest.mark.parametrize("reshard", [True, False])
 def test_fsdp2_matches_one_process_with_the_whole_batch(tmp_path, single_process_losses, reshard):
     ranks = _spawn(workers.fsdp2, tmp_path, STEPS, reshard)
     losses = _mean_over_ranks(ranks)
-    for step, (got, want) in enumerate(zip(losses, single_process_losses["losses"])):
-        assert got == pytest.approx(want, abs=1e-5), (step, losses, single_process_losses)
+    _assert_matches(losses, single_process_losses["losses"], abs=1e-5)
 
 
 def test_a_dead_rank_makes_the_others_raise_within_the_timeout(tmp_path):
@@ -133,15 +137,13 @@ def test_device_mesh_and_dtensor_ops_and_redistribution(tmp_path):
 def test_tensor_parallel_gpt_matches_one_process(tmp_path, single_process_losses):
     ranks = _spawn(workers.tensor_parallel, tmp_path, STEPS)
     for found in ranks:
-        for step, (got, want) in enumerate(zip(found["losses"], single_process_losses["unclipped"])):
-            assert got == pytest.approx(want, abs=1e-5), (step, found["losses"], single_process_losses)
+        _assert_matches(found["losses"], single_process_losses["unclipped"], abs=1e-5)
 
 
 def test_compiled_ddp_matches_one_process(tmp_path, single_process_losses):
     ranks = _spawn(workers.compiled_ddp, tmp_path, STEPS)
     losses = _mean_over_ranks(ranks)
-    for step, (got, want) in enumerate(zip(losses, single_process_losses["losses"])):
-        assert got == pytest.approx(want, abs=1e-4), (step, losses, single_process_losses)
+    _assert_matches(losses, single_process_losses["losses"], abs=1e-4)
 
 
 def test_a_checkpoint_saved_on_two_ranks_loads_on_one_and_training_resumes(tmp_path):
@@ -154,8 +156,7 @@ def test_a_checkpoint_saved_on_two_ranks_loads_on_one_and_training_resumes(tmp_p
     assert process.exitcode == 0
     resumed = torch.load(tmp_path / "resumed.pt")["after"]
     on_two = [sum(r["after"][k] for r in ranks) / len(ranks) for k in range(more)]
-    for step, (got, want) in enumerate(zip(resumed, on_two)):
-        assert got == pytest.approx(want, abs=1e-5), (step, resumed, on_two)
+    _assert_matches(resumed, on_two, abs=1e-5)
 
 
 def test_fsdp2_with_tensor_parallel_on_a_2x2_mesh(tmp_path, single_process_losses):
@@ -170,8 +171,7 @@ def test_fsdp2_with_tensor_parallel_on_a_2x2_mesh(tmp_path, single_process_losse
 def test_zero_redundancy_optimizer_with_ddp_matches_one_process(tmp_path, single_process_losses):
     ranks = _spawn(workers.zero, tmp_path, STEPS)
     losses = _mean_over_ranks(ranks)
-    for step, (got, want) in enumerate(zip(losses, single_process_losses["losses"])):
-        assert got == pytest.approx(want, abs=1e-5), (step, losses, single_process_losses)
+    _assert_matches(losses, single_process_losses["losses"], abs=1e-5)
 
 
 _TORCHRUN_SCRIPT = """
@@ -228,23 +228,20 @@ def test_a_two_stage_pipeline_matches_one_process(tmp_path, pipeline_reference, 
     ranks = _spawn(workers.pipeline, tmp_path, STEPS, schedule)
     losses = ranks[1]["losses"]  # the last stage computes the loss
     assert losses[-1] < losses[0]
-    for step, (got, want) in enumerate(zip(losses, pipeline_reference)):
-        assert got == pytest.approx(want, abs=1e-5), (step, losses, pipeline_reference)
+    _assert_matches(losses, pipeline_reference, abs=1e-5)
 
 
 def test_fsdp2_with_a_bfloat16_mixed_precision_policy_trains_close_to_float32(tmp_path, single_process_losses):
     ranks = _spawn(workers.fsdp2_mixed, tmp_path, STEPS)
     losses = _mean_over_ranks(ranks)
     assert losses[-1] < losses[0]
-    for step, (got, want) in enumerate(zip(losses, single_process_losses["losses"])):
-        assert got == pytest.approx(want, rel=2e-2), (step, losses, single_process_losses)
+    _assert_matches(losses, single_process_losses["losses"], rel=2e-2)
 
 
 def test_compiled_fsdp2_matches_one_process(tmp_path, single_process_losses):
     ranks = _spawn(workers.compiled_fsdp2, tmp_path, STEPS)
     losses = _mean_over_ranks(ranks)
-    for step, (got, want) in enumerate(zip(losses, single_process_losses["losses"])):
-        assert got == pytest.approx(want, abs=1e-4), (step, losses, single_process_losses)
+    _assert_matches(losses, single_process_losses["losses"], abs=1e-4)
 
 
 def test_premul_sum_scales_then_sums(tmp_path):

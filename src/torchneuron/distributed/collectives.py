@@ -41,6 +41,7 @@ OPS = (
 _library = None
 _lock = threading.Lock()
 _NEURON = "neuron"
+_CPU = torch.device("cpu")
 
 
 def _aliases(value, found: dict, devices: set):
@@ -67,9 +68,6 @@ def _originals(value, found: dict):
     return value
 
 
-_ready: set = set()  # ids of the groups whose CPU backend is known to be there (groups live on)
-
-
 def _with_cpu_backend(process_group) -> None:
     """Make the group's CPU backend carry the aliases: a group made for neuron
     tensors only (init_process_group() on a neuron host) lends it its neuron
@@ -77,14 +75,12 @@ def _with_cpu_backend(process_group) -> None:
     backend type is GLOO (torch picks it for a group with no backend named),
     which DDP and get_backend look up."""
     group = torch._C._distributed_c10d.ProcessGroup.unbox(process_group)
-    if id(group) in _ready:
+    if _CPU in group._device_types:
         return
-    cpu = torch.device("cpu")
     with _lock:
-        if cpu not in group._device_types:
-            group._register_backend(cpu, torch._C._distributed_c10d.ProcessGroup.BackendType.GLOO,
+        if _CPU not in group._device_types:
+            group._register_backend(_CPU, torch._C._distributed_c10d.ProcessGroup.BackendType.GLOO,
                                     group._get_backend(torch.device(_NEURON)))
-        _ready.add(id(group))
 
 
 _PREMUL_SUM = 8  # c10d::ReduceOp::RedOpType
