@@ -502,3 +502,67 @@ def premul_sum(rank, world, port, out_dir):
     torch.save({"all_reduce": (t.cpu(), c * factor), "reduce_scatter": (y.cpu(), cy * factor),
                 "input kept": (x.cpu(), cx)}, os.path.join(out_dir, f"{rank}.pt"))
     dist.destroy_process_group()
+
+
+def _linear_and_batches(rank):
+    torch.manual_seed(3)
+    model = torch.nn.Linear(4, 2)
+    g = torch.Generator().manual_seed(50 + rank)
+    return model, torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)
+
+
+def ddp_no_sync(rank, world, port, out_dir):
+    """Gradient accumulation: the first micro-batch under no_sync (no
+    all-reduce), the second synchronized."""
+    _start(rank, world, port)
+    model, x1, x2 = _linear_and_batches(rank)
+    ddp_model = _ddp(model.to("neuron"))
+    with ddp_model.no_sync():
+        ddp_model(x1.to("neuron")).square().sum().backward()
+    local = ddp_model.module.weight.grad.cpu()
+    ddp_model(x2.to("neuron")).square().sum().backward()
+    torch.save({"no_sync": local, "synced": ddp_model.module.weight.grad.cpu()}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+class _NormMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.up = torch.nn.Linear(8, 16)
+        self.down = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+def sequence_parallel(rank, world, port, out_dir):
+    """SequenceParallel on the norm (the sequence dimension sharded), then a
+    column-wise / row-wise MLP that gathers and scatters it again."""
+    _start(rank, world, port)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+
+    torch.manual_seed(4)
+    module = _NormMLP()
+    x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(5))
+    mesh = init_device_mesh("neuron", (world,))
+    parallel = parallelize_module(_copy_to_neuron(module), mesh, {
+        "norm": SequenceParallel(),
+        "up": ColwiseParallel(input_layouts=Shard(1)),
+        "down": RowwiseParallel(output_layouts=Shard(1)),
+    })
+    local = x.chunk(world, 1)[rank].to("neuron").requires_grad_()
+    out = parallel(local)
+    out.sum().backward()
+    torch.save({"out": out.cpu(), "grad": local.grad.cpu(), "x": x, "state": module.state_dict()},
+               os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def _copy_to_neuron(module):
+    import copy
+
+    return copy.deepcopy(module).to("neuron")

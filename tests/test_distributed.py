@@ -248,3 +248,29 @@ def test_premul_sum_scales_then_sums(tmp_path):
     for found in _spawn(workers.premul_sum, tmp_path):
         for name, (got, want) in found.items():
             torch.testing.assert_close(got, want, msg=name)
+
+
+def test_ddp_no_sync_accumulates_locally_then_averages(tmp_path):
+    ranks = _spawn(workers.ddp_no_sync, tmp_path)
+    local = []
+    for rank, found in enumerate(ranks):
+        model, x1, x2 = workers._linear_and_batches(rank)
+        model(x1).square().sum().backward()
+        torch.testing.assert_close(found["no_sync"], model.weight.grad)  # not reduced
+        model(x2).square().sum().backward()
+        local.append(model.weight.grad.clone())
+    mean = sum(local) / len(local)
+    for found in ranks:
+        torch.testing.assert_close(found["synced"], mean)
+
+
+def test_sequence_parallel_norm_with_a_tensor_parallel_mlp(tmp_path):
+    ranks = _spawn(workers.sequence_parallel, tmp_path)
+    module = workers._NormMLP()
+    module.load_state_dict(ranks[0]["state"])
+    x = ranks[0]["x"].clone().requires_grad_()
+    out = module(x)
+    out.sum().backward()
+    for rank, found in enumerate(ranks):
+        torch.testing.assert_close(found["out"], out.detach().chunk(WORLD, 1)[rank])
+        torch.testing.assert_close(found["grad"], x.grad.chunk(WORLD, 1)[rank])
