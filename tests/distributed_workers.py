@@ -566,3 +566,25 @@ def _copy_to_neuron(module):
     import copy
 
     return copy.deepcopy(module).to("neuron")
+
+
+def checkpoint_dead_rank(rank, world, port, out_dir):
+    """A rank dies while the others save: the save raises and leaves no
+    checkpoint to load (DCP writes its metadata last, after every rank's data)."""
+    _start(rank, world, port, timeout=15)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    model, opt = _gpt_and_adamw(lambda m: fully_shard(m))
+    _train(model, opt, 0, 1, shard=(rank, world))
+    if rank == 1:
+        os._exit(0)
+    model_state, optim_state = get_state_dict(model, opt)
+    try:
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=os.path.join(out_dir, "checkpoint"))
+        error = None
+    except Exception as e:  # noqa: BLE001
+        error = f"{type(e).__name__}: {e}"[:500]
+    torch.save({"error": error}, os.path.join(out_dir, f"{rank}.pt"))
+    os._exit(0)

@@ -274,3 +274,9 @@ def test_sequence_parallel_norm_with_a_tensor_parallel_mlp(tmp_path):
     for rank, found in enumerate(ranks):
         torch.testing.assert_close(found["out"], out.detach().chunk(WORLD, 1)[rank])
         torch.testing.assert_close(found["grad"], x.grad.chunk(WORLD, 1)[rank])
+
+
+def test_a_rank_dying_during_a_checkpoint_leaves_none_to_load(tmp_path):
+    survivor = _spawn(workers.checkpoint_dead_rank, tmp_path)[0]
+    assert survivor["error"] is not None
+    assert not (tmp_path / "checkpoint" / ".metadata").exists()
