@@ -125,9 +125,9 @@ def collectives(rank, world, port, out_dir, mode):
     dist.destroy_process_group()
 
 
-def default_group(rank, world, port, out_dir):
-    """init_process_group() with no backend on a neuron host: neuron and CPU tensors."""
-    _start(rank, world, port, backend=None)
+def default_group(rank, world, port, out_dir, backend):
+    """init_process_group() with no backend (or "gloo") on a neuron host: neuron and CPU tensors."""
+    _start(rank, world, port, backend=backend)
     t = torch.full((3,), float(rank + 1), device="neuron")
     dist.all_reduce(t)
     c = torch.full((3,), float(rank + 1))

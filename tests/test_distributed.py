@@ -61,12 +61,13 @@ def test_every_collective_matches_gloo_on_cpu_tensors(tmp_path, mode):
     torch.testing.assert_close(ranks[0]["neuron"]["all_reduce sum"][0][0], ranks[1]["neuron"]["all_reduce sum"][0][0])
 
 
-def test_init_process_group_with_no_backend_covers_neuron_and_cpu_tensors(tmp_path):
-    ranks = _spawn(workers.default_group, tmp_path)
+@pytest.mark.parametrize("backend", [None, "gloo"])
+def test_init_process_group_with_no_backend_or_gloo_covers_neuron_and_cpu_tensors(tmp_path, backend):
+    ranks = _spawn(workers.default_group, tmp_path, backend)
     for found in ranks:
         assert torch.equal(found["neuron"], torch.full((3,), 3.0))
         assert torch.equal(found["cpu"], torch.full((3,), 3.0))
-        assert "neuron:neuron" in str(found["backends"])
+        assert f"neuron:{backend or 'neuron'}" in str(found["backends"])
 
 
 STEPS = 10
