@@ -14,7 +14,9 @@ pytestmark = pytest.mark.op_mode
 
 
 def _compiles() -> int:
-    return torchneuron.compile_stats()["compiles"]
+    """Executables this process obtained: compiled here or read from a cache
+    layer (another process sharing the cache dir may have compiled one first)."""
+    return sum(torchneuron.compile_stats()["sources"].values())
 
 
 def test_common_ops_run_compiled_and_match_cpu():
