@@ -73,13 +73,18 @@ def test_init_process_group_with_no_backend_or_gloo_covers_neuron_and_cpu_tensor
 STEPS = 10
 
 
-@pytest.fixture(scope="module")
-def single_process_losses(tmp_path_factory):
-    out = tmp_path_factory.mktemp("single")
-    process = mp.get_context("spawn").Process(target=workers.single, args=(str(out), STEPS))
+def _alone(target, out_dir, *args) -> None:
+    """`target(out_dir, *args)` in a process of its own (no process group)."""
+    process = mp.get_context("spawn").Process(target=target, args=(str(out_dir), *args))
     process.start()
     process.join(900)
     assert process.exitcode == 0
+
+
+@pytest.fixture(scope="module")
+def single_process_losses(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single")
+    _alone(workers.single, out, STEPS)
     return torch.load(os.path.join(out, "single.pt"))
 
 
@@ -151,10 +156,7 @@ def test_a_checkpoint_saved_on_two_ranks_loads_on_one_and_training_resumes(tmp_p
     steps, more = 4, 3
     ranks = _spawn(workers.checkpoint_save, tmp_path, steps, more)
     assert (tmp_path / "checkpoint" / ".metadata").exists()
-    process = mp.get_context("spawn").Process(target=workers.checkpoint_load, args=(str(tmp_path), steps, more))
-    process.start()
-    process.join(900)
-    assert process.exitcode == 0
+    _alone(workers.checkpoint_load, tmp_path, steps, more)
     resumed = torch.load(tmp_path / "resumed.pt")["after"]
     on_two = [sum(r["after"][k] for r in ranks) / len(ranks) for k in range(more)]
     _assert_matches(resumed, on_two, abs=1e-5)
@@ -217,10 +219,7 @@ def test_torchrun_on_one_host_and_as_two_hosts(tmp_path):
 @pytest.fixture(scope="module")
 def pipeline_reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("pipeline")
-    process = mp.get_context("spawn").Process(target=workers.pipeline_reference, args=(str(out), STEPS))
-    process.start()
-    process.join(900)
-    assert process.exitcode == 0
+    _alone(workers.pipeline_reference, out, STEPS)
     return torch.load(os.path.join(out, "reference.pt"))["losses"]
 
 
