@@ -177,6 +177,61 @@ def test_compiled_optimizer_step():
     _close(opt_n.state[pn]["exp_avg_sq"], opt.state[p]["exp_avg_sq"])
 
 
+def test_compiled_optimizer_step_over_many_parameters_compiles_in_pieces():
+    # IREE gathers the step counters' one-element arithmetic into one dispatch
+    # with about 3 buffers per parameter; past 32 the runtime refuses it. The
+    # graph is compiled as independent pieces instead of running eagerly.
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(*(10, 6) if i % 2 else (7,))) for i in range(24)]
+    neuron = [torch.nn.Parameter(p.detach().clone().to("neuron")) for p in params]
+    opt = torch.optim.AdamW(params, lr=0.05)
+    opt_n = torch.optim.AdamW(neuron, lr=0.05)
+
+    @torch.compile(backend="neuron")
+    def step():
+        opt_n.step()
+
+    before = _dynamo_stats()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="neuron: a torch.compile")
+        for _ in range(3):
+            for p, pn in zip(params, neuron):
+                grad = torch.randn(p.shape)
+                p.grad, pn.grad = grad.clone(), grad.to("neuron")
+            opt.step()
+            step()
+    after = _dynamo_stats()
+    assert after.get("graphs_split", 0) > before.get("graphs_split", 0)
+    assert after.get("graphs_fallback", 0) == before.get("graphs_fallback", 0)
+    assert after["graphs_compiled"] - before.get("graphs_compiled", 0) >= 2
+    for p, pn in zip(params, neuron):
+        _close(pn, p)
+        _close(opt_n.state[pn]["exp_avg_sq"], opt.state[p]["exp_avg_sq"])
+        _close(opt_n.state[pn]["step"], opt.state[p]["step"])
+
+
+def test_one_computation_over_many_counters_compiles_in_consecutive_pieces():
+    # One chain through 40 one-element inputs: no independent parts, so the
+    # pieces are consecutive runs of ops, each feeding the next.
+    xs = [torch.rand(1) + 0.5 for _ in range(40)]
+    y = torch.randn(5)
+
+    def chain(xs, y):
+        acc = y
+        for x in xs:
+            acc = acc * (x * 0.5 + 0.75)
+        return acc
+
+    before = _dynamo_stats()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="neuron: a torch.compile")
+        out = torch.compile(chain, backend="neuron")([x.to("neuron") for x in xs], y.to("neuron"))
+    after = _dynamo_stats()
+    assert after.get("graphs_split", 0) > before.get("graphs_split", 0)
+    assert after.get("graphs_fallback", 0) == before.get("graphs_fallback", 0)
+    _close(out, chain(xs, y))
+
+
 class _Block(torch.nn.Module):
     # A module of the user's own: Dynamo skips a bare nn.Sequential of torch's
     # modules under Module.compile() (torch's files are on its skip list).
@@ -321,10 +376,10 @@ def test_strict_setting_raises_instead_of_falling_back():
     assert any(isinstance(e, GraphCompileError) for e in chain)
 
 
-def test_executable_the_runtime_refuses_falls_back_with_right_results():
-    # 40 scalar updates: IREE forms one scalar dispatch with 80 bindings, which
-    # the local runtime refuses to load (limit 64), as on a compiled AdamW
-    # step over many parameters.
+def test_in_place_updates_of_many_counters_compile_in_pieces():
+    # 40 scalar updates: IREE would form one scalar dispatch with 80 bindings,
+    # which the runtime refuses (limit 32); the graph's one-element inputs
+    # predict it, so it is compiled as pieces from the start.
     def bump(scalars):
         for s in scalars:
             s.mul_(0.5).add_(1.0)
@@ -332,12 +387,34 @@ def test_executable_the_runtime_refuses_falls_back_with_right_results():
     torch.manual_seed(0)
     cpu = [torch.randn(()) for _ in range(40)]
     neuron = [t.to("neuron") for t in cpu]
-    with pytest.warns(RuntimeWarning) as caught:
+    before = _dynamo_stats()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="neuron: a torch.compile")
         torch.compile(bump, backend="neuron")(neuron)
-    ours = [str(w.message) for w in caught if "torch.compile" in str(w.message)]
-    assert len(ours) == 1 and "cannot load it" in ours[0] and "bindings" in ours[0]
+    after = _dynamo_stats()
+    assert after.get("graphs_split", 0) - before.get("graphs_split", 0) == 1
+    assert after.get("graphs_fallback", 0) == before.get("graphs_fallback", 0)
     bump(cpu)
     for a, b in zip(neuron, cpu):
+        _close(a, b)
+
+
+def test_executable_the_runtime_refuses_is_compiled_again_in_pieces():
+    # One-element values taken from one larger input: nothing predicts the
+    # scalar dispatch (41 bindings), so the whole graph compiles, the runtime
+    # refuses to load it, and it is split by what the refusal says.
+    def take(big):
+        return [big[i] * 0.5 + 1.0 for i in range(40)]
+
+    big = torch.randn(40)
+    before = _dynamo_stats()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="neuron: a torch.compile")
+        out = torch.compile(take, backend="neuron")(big.to("neuron"))
+    after = _dynamo_stats()
+    assert after.get("graphs_split", 0) - before.get("graphs_split", 0) == 1
+    assert after["graphs_compiled"] - before.get("graphs_compiled", 0) >= 2
+    for a, b in zip(out, take(big)):
         _close(a, b)
 
 

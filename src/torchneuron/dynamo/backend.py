@@ -23,6 +23,7 @@ from .. import config
 from ..compiler import compile_pool, target_flags
 from . import stats
 from .graph_program import GraphProgram, compile_program, source_lines
+from .pieces import in_pieces, pieces_expected, pieces_for
 
 _OPTIONS = ("compiler_flags", "strict")
 
@@ -98,22 +99,27 @@ def _decompositions() -> dict:
 
 
 def _compile_graph(gm, example_inputs, *, kind, target, strict):
+    pieces = pieces_expected(gm)
+    if pieces:
+        stats.add("graphs_split", 1)
+        return in_pieces(gm, pieces, functools.partial(_compile_graph, kind=kind, target=target, strict=strict))
     try:
         program = GraphProgram(gm, example_inputs, kind)
         compiled = compile_program(program, example_inputs, target, compile_pool().submit)
     except Exception as e:  # noqa: BLE001 - any failure to lower: run the graph eagerly
         return _fall_back(gm, kind, e, strict)
-    return _FirstCallWaits(compiled, gm, kind, strict)
+    return _FirstCallWaits(compiled, gm, kind, target, strict)
 
 
 class _FirstCallWaits:
     """A graph whose compile runs in the pool: its first call waits for it
     and, if the compile or the load failed, runs the graph in neuron eager
-    from then on (boxed calling convention, as AOTAutograd expects)."""
+    from then on (boxed calling convention, as AOTAutograd expects). A graph
+    the runtime refused for its size is compiled again in pieces (pieces.py)."""
 
-    def __init__(self, compiled, gm, kind, strict):
+    def __init__(self, compiled, gm, kind, target, strict):
         self._boxed_call = True
-        self._compiled, self._gm, self._kind, self._strict = compiled, gm, kind, strict
+        self._compiled, self._gm, self._kind, self._target, self._strict = compiled, gm, kind, target, strict
         self._run = self._first
 
     def __call__(self, inputs):
@@ -124,7 +130,13 @@ class _FirstCallWaits:
         try:
             compiled.ready()
         except Exception as e:  # noqa: BLE001 - any failure to compile or load: run the graph eagerly
-            self._run = _fall_back(self._gm, self._kind, e, self._strict)
+            pieces = pieces_for(e, self._gm)
+            if pieces:
+                stats.add("graphs_split", 1)
+                self._run = in_pieces(self._gm, pieces, functools.partial(
+                    _compile_graph, kind=self._kind, target=self._target, strict=self._strict))
+            else:
+                self._run = _fall_back(self._gm, self._kind, e, self._strict)
         else:
             stats.add("graphs_compiled", 1)
             if compiled.program.dynamic:
