@@ -23,7 +23,7 @@ from .. import config
 from ..compiler import compile_pool, target_flags
 from . import stats
 from .graph_program import GraphProgram, compile_program, source_lines
-from .pieces import in_pieces, pieces_expected, pieces_for
+from .pieces import at_opaque_ops, in_pieces, pieces_expected, pieces_for
 
 _OPTIONS = ("compiler_flags", "strict")
 
@@ -99,10 +99,15 @@ def _decompositions() -> dict:
 
 
 def _compile_graph(gm, example_inputs, *, kind, target, strict):
+    compile_piece = functools.partial(_compile_graph, kind=kind, target=target, strict=strict)
+    around_kernels = at_opaque_ops(gm)
+    if around_kernels:
+        stats.add("graphs_around_kernels", 1)
+        return in_pieces(gm, compile_piece, assignment=around_kernels)
     pieces = pieces_expected(gm)
     if pieces:
         stats.add("graphs_split", 1)
-        return in_pieces(gm, pieces, functools.partial(_compile_graph, kind=kind, target=target, strict=strict))
+        return in_pieces(gm, compile_piece, pieces)
     try:
         program = GraphProgram(gm, example_inputs, kind)
         compiled = compile_program(program, example_inputs, target, compile_pool().submit)
@@ -133,8 +138,8 @@ class _FirstCallWaits:
             pieces = pieces_for(e, self._gm)
             if pieces:
                 stats.add("graphs_split", 1)
-                self._run = in_pieces(self._gm, pieces, functools.partial(
-                    _compile_graph, kind=self._kind, target=self._target, strict=self._strict))
+                self._run = in_pieces(self._gm, functools.partial(
+                    _compile_graph, kind=self._kind, target=self._target, strict=self._strict), pieces)
             else:
                 self._run = _fall_back(self._gm, self._kind, e, self._strict)
         else:

@@ -20,7 +20,10 @@ import operator
 import re
 
 import torch
+from torch._functorch.aot_autograd import make_boxed_func
 from torch.fx.passes.split_module import split_module
+
+from ..lowering.opaque import is_opaque
 
 _BINDINGS = re.compile(r"binding count (\d+) > (\d+)")
 _MIN_OPS = 2  # a graph this small is not split further
@@ -58,14 +61,42 @@ def _one_element(node) -> bool:
     return isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in val.shape) and val.numel() <= 1
 
 
-def in_pieces(gm: torch.fx.GraphModule, pieces: int, compile_piece):
-    """The graph as `pieces` graphs run in turn; `compile_piece(gm, examples)`
-    gives each one's boxed callable. Returns the boxed callable of the whole."""
-    gm = _per_tensor(gm)
-    assignment = _partition(gm, pieces)
+def at_opaque_ops(gm: torch.fx.GraphModule):
+    """node -> piece for a graph that calls operators which run as themselves
+    (kernels): each such call a piece of its own, run eagerly, and the runs
+    of ops between them pieces to compile; None when it calls none."""
+    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
+    if not any(is_opaque(n.target) for n in ops):
+        return None
+    assignment, piece = {}, 0
+    for n in ops:
+        if is_opaque(n.target):
+            piece += 1
+            assignment[n] = piece
+            for user in n.users:  # its results unpacked with it: a piece passes tensors, not tuples
+                if user.op == "call_function" and user.target is operator.getitem:
+                    assignment[user] = piece
+            piece += 1
+        elif n not in assignment:
+            assignment[n] = piece
+    return assignment
+
+
+def in_pieces(gm: torch.fx.GraphModule, compile_piece, pieces: int = 0, assignment: dict | None = None):
+    """The graph as graphs run in turn: `pieces` of them, or as `assignment`
+    (node -> piece) says. `compile_piece(gm, examples)` gives each piece's
+    boxed callable; a piece of operators that run as themselves runs
+    eagerly. Returns the boxed callable of the whole."""
+    if assignment is None:
+        gm = _per_tensor(gm)
+        assignment = _partition(gm, pieces)
     split = split_module(gm, gm, lambda node: assignment.get(node, 0), keep_original_order=True, tuple_return=True)
     for name, piece in list(split.named_children()):
         if not isinstance(piece, torch.fx.GraphModule):
+            continue
+        calls = [n for n in piece.graph.nodes if n.op == "call_function"]
+        if any(is_opaque(n.target) for n in calls):
+            split._modules[name] = _Piece(make_boxed_func(piece))
             continue
         examples = [n.meta.get("val") for n in piece.graph.nodes if n.op == "placeholder"]
         split._modules[name] = _Piece(compile_piece(piece, examples))
@@ -223,4 +254,4 @@ def _partition(gm: torch.fx.GraphModule, pieces: int) -> dict:
     return assignment
 
 
-__all__ = ["in_pieces", "pieces_expected", "pieces_for"]
+__all__ = ["at_opaque_ops", "in_pieces", "pieces_expected", "pieces_for"]

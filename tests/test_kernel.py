@@ -1,0 +1,261 @@
+"""The kernel language (torchneuron.kernel): each feature compiled on neuron
+and simulated on NumPy, against PyTorch CPU; its rules reported at the
+kernel's own line; kernels as PyTorch operators (op mode, adaptive eager,
+torch.compile, autograd, opcheck)."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import torchneuron
+import torchneuron.kernel as nk
+
+
+def _close(a, b, tol=1e-5):
+    torch.testing.assert_close(a.detach().cpu().float(), b.detach().float(), rtol=tol, atol=tol)
+
+
+def _both(kernel, grid, make_args, constants, check, tol=1e-5):
+    """Run `kernel` simulated on CPU tensors and compiled on neuron; `check`
+    gets each run's arguments after the call (outputs written, inputs not)."""
+    cpu = make_args()
+    originals = [a.clone() for a in cpu]
+    nk.simulate(kernel)[grid](*cpu, **constants)
+    check(cpu, originals)
+    neuron = [a.to("neuron") for a in originals]
+    kernel[grid](*neuron, **constants)
+    check([a.cpu() for a in neuron], originals)
+    for a, b in zip(neuron, cpu):  # the device and the simulator agree on every argument
+        _close(a, b, tol)
+
+
+@nk.jit
+def softmax_rows(x, out, ROWS: nk.constexpr):
+    i = nk.program_id(0)
+    t = nk.load(x[i * ROWS:(i + 1) * ROWS, :])
+    e = nk.exp(t - nk.max(t, axis=1, keepdims=True))
+    nk.store(out[i * ROWS:(i + 1) * ROWS, :], e / nk.sum(e, axis=1, keepdims=True))
+
+
+def test_softmax_over_a_grid():
+    x = torch.randn(256, 96)
+
+    def check(args, originals):
+        _close(args[0], originals[0], 0)  # the input is unchanged
+        _close(args[1], torch.softmax(originals[0], dim=1))
+
+    _both(softmax_rows, 2, lambda: [x.clone(), torch.zeros(256, 96)], {"ROWS": 128}, check)
+
+
+@nk.jit
+def tiled_matmul(a, b, out, BM: nk.constexpr, BN: nk.constexpr, BK: nk.constexpr):
+    i, j = nk.program_id(0), nk.program_id(1)
+    acc = nk.zeros((BM, BN), nk.float32)
+    for k in nk.sequential_range(a.shape[1] // BK):
+        acc += nk.matmul(nk.load(a[i * BM:(i + 1) * BM, nk.ds(k * BK, BK)]),
+                         nk.load(b[nk.ds(k * BK, BK), j * BN:(j + 1) * BN]))
+    nk.store(out[i * BM:(i + 1) * BM, j * BN:(j + 1) * BN], acc)
+
+
+def test_tiled_matmul_accumulates_over_a_sequential_loop():
+    a, b = torch.randn(128, 192), torch.randn(192, 96)
+
+    def check(args, originals):
+        _close(args[2], originals[0] @ originals[1], 1e-4)
+
+    _both(tiled_matmul, (2, 3), lambda: [a.clone(), b.clone(), torch.zeros(128, 96)],
+          {"BM": 64, "BN": 32, "BK": 64}, check, 1e-4)
+
+
+@nk.jit
+def many_ops(x, h, n, out, out_i, out_t):
+    t = nk.load(x[...])
+    half = nk.cast(nk.load(h[...]), nk.float32)  # bfloat16 in
+    y = nk.where(t > 0, nk.tanh(t), nk.sigmoid(t)) * 0.5 - nk.log(nk.abs(t) + 1.0)
+    y = nk.maximum(y, half) + nk.minimum(nk.sqrt(nk.abs(t)), 2.0) - nk.min(t, axis=0, keepdims=True)
+    nk.store(out[...], y)
+    k = nk.load(n[...])
+    nk.store(out_i[...], nk.where((k >= 3) & (k != 5), k * 2 - 1, -k))
+    nk.store(out_t[...], nk.transpose(t))
+
+
+def test_tile_math_casts_where_and_transpose():
+    x, h = torch.randn(16, 32), torch.randn(16, 32).bfloat16()
+    n = torch.randint(-8, 8, (16, 32), dtype=torch.int32)
+
+    def check(args, originals):
+        t, half, k = originals[0], originals[1].float(), originals[2]
+        y = torch.where(t > 0, torch.tanh(t), torch.sigmoid(t)) * 0.5 - torch.log(t.abs() + 1)
+        y = torch.maximum(y, half) + torch.clamp(t.abs().sqrt(), max=2.0) - t.min(0, keepdim=True).values
+        _close(args[3], y)
+        assert torch.equal(args[4], torch.where((k >= 3) & (k != 5), k * 2 - 1, -k))
+        _close(args[5], t.T)
+
+    _both(many_ops, 1, lambda: [x.clone(), h.clone(), n.clone(), torch.zeros(16, 32), torch.zeros(16, 32, dtype=torch.int32),
+                                torch.zeros(32, 16)], {}, check)
+
+
+@nk.jit
+def scale_blocks(x, out, B: nk.constexpr):
+    for k in nk.affine_range(x.shape[0] // B):  # each iteration its own block: independent
+        block = nk.ndarray((B, x.shape[1]), nk.float32)
+        block[...] = nk.load(x[nk.ds(k * B, B), :]) * 2.0
+        block[0:1, :] = nk.load(x[nk.ds(k * B, 1), :]) * 3.0
+        nk.store(out[nk.ds(k * B, B), :], block)
+
+
+def test_affine_range_with_independent_iterations():
+    x = torch.randn(64, 8)
+    expected = x * 2.0
+    expected[::16] = x[::16] * 3.0
+
+    def check(args, originals):
+        _close(args[1], expected)
+
+    _both(scale_blocks, 1, lambda: [x.clone(), torch.zeros(64, 8)], {"B": 16}, check)
+
+
+# -- rules, at the kernel's line -----------------------------------------------------
+
+@nk.jit
+def carried_in_affine(x, out):
+    acc = nk.zeros((4, 8), nk.float32)
+    for k in nk.affine_range(4):
+        acc += nk.load(x[k * 4:(k + 1) * 4, :])  # line of the carried read
+    nk.store(out[...], acc)
+
+
+def test_a_carried_dependency_in_affine_range_is_reported_at_its_line():
+    line = carried_in_affine.fn.__code__.co_firstlineno + 4  # (the first line is the decorator)
+    for run in (lambda: nk.simulate(carried_in_affine)[1](torch.randn(16, 8), torch.zeros(4, 8)),
+                lambda: carried_in_affine[1](torch.randn(16, 8, device="neuron"), torch.zeros(4, 8, device="neuron"))):
+        with pytest.raises(nk.KernelError, match=rf"test_kernel.py:{line}: .*carried dependency.*sequential_range"):
+            run()
+
+
+@nk.jit
+def too_many_rows(x, out):
+    nk.store(out[...], nk.load(x[...]))
+
+
+@nk.jit
+def out_of_bounds(x, out):
+    i = nk.program_id(0)
+    nk.store(out[i * 4:(i + 1) * 4, :], nk.load(x[i * 4 + 1:(i + 1) * 4 + 1, :]))
+
+
+@nk.jit
+def mixed_dtypes(x, n, out):
+    nk.store(out[...], nk.load(x[...]) + nk.load(n[...]))
+
+
+def test_rules_name_the_kernel_line():
+    first = too_many_rows.fn.__code__.co_firstlineno
+    with pytest.raises(nk.KernelError, match=rf":{first + 2}: a tile's first \(partition\) dimension holds at most 128"):
+        nk.simulate(too_many_rows)[1](torch.randn(256, 4), torch.zeros(256, 4))
+    first = out_of_bounds.fn.__code__.co_firstlineno
+    with pytest.raises(nk.KernelError, match=rf":{first + 3}: dimension 0 of argument `x` has 16 elements.*\[1, 17\)"):
+        nk.simulate(out_of_bounds)[4](torch.randn(16, 8), torch.zeros(16, 8))
+    with pytest.raises(nk.KernelError, match="float32 and int32 tiles: cast one first"):
+        nk.simulate(mixed_dtypes)[1](torch.randn(4, 4), torch.ones(4, 4, dtype=torch.int32), torch.zeros(4, 4))
+
+
+def test_launch_errors_are_clear():
+    with pytest.raises(nk.KernelError, match=r"nk.simulate\(softmax_rows\)"):
+        softmax_rows[1](torch.randn(4, 4), torch.zeros(4, 4), ROWS=4)
+    with pytest.raises(nk.KernelError, match="only be called inside a kernel"):
+        nk.exp(torch.randn(3))
+    with pytest.raises(nk.KernelError, match="over a grid"):
+        softmax_rows(torch.randn(4, 4), torch.zeros(4, 4), ROWS=4)
+
+
+@nk.jit
+def reads_before_writing(out):
+    t = nk.ndarray((4, 4), nk.float32)
+    nk.device_print("t =", t)
+    nk.store(out[...], t + 1.0)
+
+
+def test_the_simulator_shows_unwritten_tiles_and_prints(capsys):
+    out = np.zeros((4, 4), dtype=np.float32)
+    nk.simulate(reads_before_writing)[1](out)
+    assert np.isnan(out).all()  # an ndarray starts as NaN in the simulator
+    assert "t =" in capsys.readouterr().out
+
+
+# -- kernels as PyTorch operators ----------------------------------------------------------
+
+@nk.jit
+def rmsnorm_kernel(x, w, out, ROWS: nk.constexpr, EPS: nk.constexpr):
+    i = nk.program_id(0)
+    t = nk.load(x[i * ROWS:(i + 1) * ROWS, :])
+    ms = nk.sum(t * t, axis=1, keepdims=True) / t.shape[1]
+    nk.store(out[i * ROWS:(i + 1) * ROWS, :], t * nk.rsqrt(ms + EPS) * nk.load(w[0:1, :]))
+
+
+rmsnorm = nk.op("nktest::rmsnorm", rmsnorm_kernel, outputs=lambda x, w: [(x.shape, x.dtype)],
+                grid=lambda x, w: (x.shape[0] // 16,), constants=lambda x, w: {"ROWS": 16, "EPS": 1e-6})
+
+
+def _rmsnorm_reference(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + 1e-6) * w
+
+
+def test_a_kernel_as_an_operator_in_op_mode_adaptive_and_on_cpu():
+    x, w = torch.randn(48, 40), torch.randn(1, 40)
+    _close(rmsnorm(x, w), _rmsnorm_reference(x, w))  # CPU tensors: the simulator
+    torch.library.opcheck(rmsnorm, (x.to("neuron"), w.to("neuron")))
+    for mode in ("op", "adaptive"):
+        with torchneuron.eager_mode(mode):
+            xn = x.to("neuron") * 2  # pending in adaptive mode: recorded work runs before the kernel
+            y = rmsnorm(xn, w.to("neuron")) + 1
+            _close(y, _rmsnorm_reference(x * 2, w) + 1)
+
+
+def test_a_kernel_stays_one_node_under_torch_compile():
+    torch._dynamo.reset()
+    x, w = torch.randn(48, 40), torch.randn(1, 40)
+
+    def f(x, w):
+        return torch.relu(rmsnorm(x * 2, w)) + 1
+
+    before = torchneuron.compile_stats()["dynamo"]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="neuron: a torch.compile")
+        out = torch.compile(f, backend="neuron")(x.to("neuron"), w.to("neuron"))
+    after = torchneuron.compile_stats()["dynamo"]
+    assert after["graphs_around_kernels"] - before.get("graphs_around_kernels", 0) == 1
+    assert after.get("graphs_fallback", 0) == before.get("graphs_fallback", 0)
+    _close(out, torch.relu(_rmsnorm_reference(x * 2, w)) + 1)
+    torch._dynamo.reset()
+
+
+@nk.jit
+def square_kernel(x, out):
+    nk.store(out[...], nk.load(x[...]) * nk.load(x[...]))
+
+
+def _square_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+def _square_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return grad * 2 * x
+
+
+square = nk.op("nktest::square", square_kernel, outputs=lambda x: [(x.shape, x.dtype)], grid=lambda x: 1,
+               backward=_square_backward, setup_context=_square_setup)
+
+
+def test_a_kernel_operator_with_a_backward():
+    x = torch.randn(8, 12, requires_grad=True)
+    xn = x.detach().to("neuron").requires_grad_()
+    (square(xn) * 3).sum().backward()
+    (x * x * 3).sum().backward()
+    _close(xn.grad, x.grad)
+    torch.library.opcheck(square, (torch.randn(8, 12, device="neuron"),))
+    # (torch's autograd registration check runs on CPU, CUDA and XPU only: CPU's simulator here)
+    torch.library.opcheck(square, (torch.randn(8, 12, requires_grad=True),))
