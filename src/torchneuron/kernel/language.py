@@ -121,6 +121,12 @@ def full(shape, value, dtype=float32):
     return active().full(_shape(shape), value, _dtype(dtype))
 
 
+def arange(n: int, dtype=int32):
+    """The tile [0, 1, ..., n - 1]: positions, for masks (add a program id
+    or loop index times the block size for global positions)."""
+    return active().arange(_shape(n)[0], _dtype(dtype))
+
+
 def _shape(shape) -> tuple:
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if not shape or any(not isinstance(s, (int, np.integer)) or s <= 0 for s in shape):
@@ -201,7 +207,7 @@ def device_print(label: str, x) -> None:
 
 
 __all__ = [
-    "DTYPES", "PMAX", "VERSION", "KernelError", "abs", "affine_range", "bfloat16", "bool_", "cast", "constexpr",
+    "DTYPES", "PMAX", "VERSION", "KernelError", "abs", "affine_range", "arange", "bfloat16", "bool_", "cast", "constexpr",
     "device_print", "ds", "exp", "float16", "float32", "full", "int32", "load", "log", "matmul", "max",
     "maximum", "min", "minimum", "ndarray", "negative", "program_id", "rsqrt", "sequential_range",
     "sigmoid", "sqrt", "static_range", "store", "sum", "tanh", "transpose", "where", "zeros",

@@ -53,6 +53,9 @@ class Simulator:
             return np.full(shape, np.nan if dtype in ("float32", "float16", "bfloat16") else 0, dtype=_NUMPY[dtype])
         return np.full(shape, value, dtype=_NUMPY[dtype])
 
+    def arange(self, n, dtype):
+        return np.arange(n, dtype=_NUMPY[dtype])
+
     def unary(self, name, x):
         x = np.asarray(x)
         if name == "rsqrt":

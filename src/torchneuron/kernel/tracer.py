@@ -57,6 +57,8 @@ class Index:
         return None if self.terms else self.const
 
     def __add__(self, other):
+        if not _indexish(other):
+            return NotImplemented  # a tile's operator takes it from here
         other = Index.of(other)
         terms = dict(self.terms)
         for v, c in other.terms.items():
@@ -69,12 +71,18 @@ class Index:
         return Index({v: -c for v, c in self.terms.items()}, -self.const)
 
     def __sub__(self, other):
+        if not _indexish(other):
+            return NotImplemented
         return self + (-Index.of(other))
 
     def __rsub__(self, other):
+        if not _indexish(other):
+            return NotImplemented
         return Index.of(other) - self
 
     def __mul__(self, other):
+        if isinstance(other, Tile):
+            return NotImplemented
         if isinstance(other, Index) and other.constant() is not None:
             other = other.const
         if isinstance(other, bool) or not isinstance(other, int):
@@ -92,6 +100,10 @@ class Index:
 
     def __repr__(self):
         return " + ".join([f"{c}*{v}" for v, c in self.terms.items()] + [str(self.const)])
+
+
+def _indexish(value) -> bool:
+    return isinstance(value, Index) or (isinstance(value, int) and not isinstance(value, bool))
 
 
 class Ref:
@@ -133,6 +145,8 @@ class Tile:
         return cast(self, dtype)
 
     def __getitem__(self, key):
+        if isinstance(key, tuple) and any(k is None for k in key):
+            return self.tracer.expand(self, key)
         offsets, sizes, dropped = self.tracer.parse_key(key, self.shape, "a tile")
         return self.tracer.extract(self.tracer.use(self), self.shape, self.dtype, offsets, sizes, dropped)
 
@@ -369,6 +383,25 @@ class Tracer:
                   f"{tensor_type(part_shape, dtype)} into {tensor_type(shape, dtype)}")
         return result
 
+    def expand(self, tile, key):
+        """t[:, None], t[None, :]: new unit dimensions (every other index a full slice)."""
+        if sum(k is not None for k in key) != len(tile.shape) or any(
+                k is not None and k != slice(None) for k in key):
+            raise self.error("indexing with None takes a full slice (:) for every dimension of the tile")
+        shape = tuple(1 if k is None else tile.shape[sum(x is not None for x in key[:j])] for j, k in enumerate(key))
+        self._check_tile_shape(shape)
+        sources = [j for j, k in enumerate(key) if k is not None]
+        groups = [[j] for j in sources]
+        for j, k in enumerate(key):
+            if k is None:
+                after = [g for g in groups if g[0] > j]
+                (after[0] if after else groups[-1]).append(j)
+        text = "[" + ", ".join("[" + ", ".join(map(str, sorted(g))) + "]" for g in groups) + "]" if groups else "[]"
+        r = self.fresh()
+        self.emit(f"{r} = tensor.expand_shape {self.use(tile)} {text} output_shape [{', '.join(map(str, shape))}] : "
+                  f"{tensor_type(tile.shape, tile.dtype)} into {tensor_type(shape, tile.dtype)}")
+        return self.tile(shape, tile.dtype, r)
+
     # -- memory -----------------------------------------------------------------------------
 
     def load(self, view):
@@ -424,6 +457,34 @@ class Tracer:
         self.emit(f"{c} = arith.constant {int(value)} : i32")
         return c
 
+    def _index_value(self, value, dtype) -> str:
+        """An index as a number of `dtype` (emitted in the current block)."""
+        if value.constant() is not None:
+            return self._scalar(value.const, dtype)
+        if dtype == "bool":
+            raise self.error("an index used with a bool tile")
+        i, r = self.index(value), self.fresh("s")
+        self.emit(f"{r} = arith.index_cast {i} : index to i32")
+        if dtype in _FLOATS:
+            f = self.fresh("s")
+            self.emit(f"{f} = arith.sitofp {r} : i32 to {_ELEMENT[dtype]}")
+            return f
+        return r
+
+    def arange(self, n, dtype):
+        self._check_tile_shape((n,))
+
+        def body(a):
+            i, r = self.fresh("s"), self.fresh("s")
+            self.emit(f"{i} = linalg.index 0 : index")
+            self.emit(f"{r} = arith.index_cast {i} : index to i32")
+            if dtype in _FLOATS:
+                f = self.fresh("s")
+                self.emit(f"{f} = arith.sitofp {r} : i32 to {_ELEMENT[dtype]}")
+                return f
+            return r
+        return self._generic([], (n,), dtype, body)
+
     def broadcast_to(self, value, shape, dtype) -> Tile:
         if isinstance(value, Tile):
             if value.shape != tuple(shape):
@@ -441,7 +502,7 @@ class Tracer:
         if isinstance(x, (bool, int, float)):
             return x
         if isinstance(x, Index):
-            raise self.error("an index cannot be used as a tile value")
+            return x  # a program id or loop index as a number in tile math
         raise self.error(f"expected a tile or a number, got {x!r}")
 
     def _generic(self, operands, out_shape, out_dtype, body, scalar_dtype=None):
@@ -461,7 +522,7 @@ class Tracer:
                 region.append(f"{a}: {_ELEMENT[x.dtype]}")
                 args.append(a)
             else:
-                args.append(("const", x))
+                args.append(("index" if isinstance(x, Index) else "const", x))
         maps.append(f"affine_map<({', '.join(dims)}) -> ({', '.join(dims)})>")
         out = self.fresh("o")
         region.append(f"{out}: {_ELEMENT[out_dtype]}")
@@ -472,7 +533,7 @@ class Tracer:
         for a in args:
             if isinstance(a, tuple):
                 saved, self.blocks = self.blocks, [lines]
-                resolved.append(self._scalar(a[1], scalar_dtype))
+                resolved.append(self._scalar(a[1], scalar_dtype) if a[0] == "const" else self._index_value(a[1], scalar_dtype))
                 self.blocks = saved
             else:
                 resolved.append(a)
