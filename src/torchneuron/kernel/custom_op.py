@@ -18,22 +18,26 @@ from .language import KernelError, constexpr
 _libraries: dict = {}  # namespace -> torch.library.Library (kept alive)
 
 
-def op(name: str, kernel: Kernel, *, outputs, grid, constants=None, backward=None, setup_context=None):
+def op(name: str, kernel: Kernel, *, outputs, grid, constants=None, attributes=None, backward=None,
+       setup_context=None):
     """Register `kernel` as the operator `name` ("namespace::op_name").
 
     The kernel's parameters not annotated `nk.constexpr` are tensors: the
     operator's inputs, then its outputs. `outputs(*inputs)` gives each
     output's (shape, dtype); `grid(*inputs)` the launch grid;
     `constants(*inputs)` the constexpr values (a dict). `backward` and
-    `setup_context` are torch.library.register_autograd's. Returns the
-    operator (torch.ops.namespace.op_name)."""
+    `setup_context` are torch.library.register_autograd's. `attributes`
+    ({name: "float" | "int" | "bool"}) are the operator's arguments after its
+    tensors, passed to outputs, grid and constants (which make them the
+    kernel's constants). Returns the operator (torch.ops.namespace.op_name)."""
     if not isinstance(kernel, Kernel):
         raise KernelError("nk.op takes an @nk.jit kernel")
     if "::" not in name:
         raise KernelError(f"an operator name is 'namespace::name', got {name!r}")
     namespace, op_name = name.split("::", 1)
     tensors = [p.name for p in kernel.signature.parameters.values() if p.annotation not in (constexpr, "nk.constexpr")]
-    n_in = len(inspect.signature(outputs).parameters)  # outputs(*inputs) takes the inputs
+    attributes = dict(attributes or {})
+    n_in = len(inspect.signature(outputs).parameters) - len(attributes)  # outputs(*inputs, *attributes)
     probe = len(tensors) - n_in
     if n_in <= 0 or probe <= 0:
         raise KernelError(f"kernel {kernel.fn.__name__} has {len(tensors)} tensor parameters; outputs() takes "
@@ -43,7 +47,8 @@ def op(name: str, kernel: Kernel, *, outputs, grid, constants=None, backward=Non
     library = _libraries.get(namespace)
     if library is None:
         library = _libraries[namespace] = torch.library.Library(namespace, "FRAGMENT")
-    library.define(f"{op_name}({', '.join(f'Tensor {n}' for n in inputs)}) -> {returns}")
+    params = [f"Tensor {n}" for n in inputs] + [f"{kind} {n}" for n, kind in attributes.items()]
+    library.define(f"{op_name}({', '.join(params)}) -> {returns}")
 
     def results(args, device):
         return [torch.empty(tuple(shape), dtype=dtype, device=device) for shape, dtype in outputs(*args)]
@@ -53,13 +58,14 @@ def op(name: str, kernel: Kernel, *, outputs, grid, constants=None, backward=Non
 
     def on_neuron(*args):
         outs = results(args, args[0].device)
-        kernel[grid(*args)](*args, *outs, **(constants(*args) if constants else {}))
+        kernel[grid(*args)](*args[:n_in], *outs, **(constants(*args) if constants else {}))
         return finish(outs)
 
     def on_cpu(*args):
         from .jit import simulate
         outs = results(args, "cpu")
-        simulate(kernel)[grid(*args)](*[a.contiguous() for a in args], *outs, **(constants(*args) if constants else {}))
+        simulate(kernel)[grid(*args)](*[a.contiguous() for a in args[:n_in]], *outs,
+                                      **(constants(*args) if constants else {}))
         return finish(outs)
 
     def fake(*args):

@@ -131,7 +131,7 @@ def _shape(shape) -> tuple:
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if not shape or any(not isinstance(s, (int, np.integer)) or s <= 0 for s in shape):
         raise KernelError(f"a tile's shape must be positive ints known when the kernel is traced, got {shape!r}")
-    if shape[0] > PMAX:
+    if len(shape) >= 2 and shape[0] > PMAX:
         raise KernelError(f"a tile's first (partition) dimension holds at most {PMAX} rows, got shape {shape}")
     return tuple(int(s) for s in shape)
 

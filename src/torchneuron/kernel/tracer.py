@@ -423,7 +423,7 @@ class Tracer:
         ref.written = True
 
     def _check_tile_shape(self, shape):
-        if shape and shape[0] > PMAX:
+        if len(shape) >= 2 and shape[0] > PMAX:
             raise self.error(f"a tile's first (partition) dimension holds at most {PMAX} rows, "
                              f"this one would have {shape[0]} (shape {list(shape)})")
 
