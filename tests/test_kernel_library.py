@@ -1,0 +1,102 @@
+"""The kernel library (torchneuron.kernels): every kernel on neuron against
+its pure-PyTorch reference on CPU (results, gradients, arguments after the
+call), the simulator on CPU tensors for one, and torch.library.opcheck for
+every operator."""
+
+import pytest
+import torch
+
+import torchneuron  # noqa: F401
+from torchneuron import kernels as K
+
+
+def _close(got, expected, tol=1e-4):
+    got = got if isinstance(got, tuple) else (got,)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.detach().cpu().float(), e.detach().float(), rtol=tol, atol=tol)
+
+
+def _cases():
+    torch.manual_seed(0)
+    x, r, w = torch.randn(2, 24, 80), torch.randn(2, 24, 80), torch.randn(80)
+    cos, sin = torch.randn(24, 80), torch.randn(24, 80)
+    logits, target = torch.randn(48, 3000), torch.randint(0, 3000, (48,))
+    target[5] = -100  # ignored
+    q, k, v = (torch.randn(2, 3, 256, 32) for _ in range(3))
+    return {
+        "rms_norm": (K.rms_norm, K.rms_norm_reference, (x, w), {}),
+        "add_rms_norm": (K.add_rms_norm, K.add_rms_norm_reference, (x, r, w), {}),
+        "softmax": (K.softmax, K.softmax_reference, (x,), {}),
+        "log_softmax": (K.log_softmax, K.log_softmax_reference, (x,), {}),
+        "swiglu": (K.swiglu, K.swiglu_reference, (x, r), {}),
+        "rotary": (K.rotary, K.rotary_reference, (x, cos, sin), {}),
+        "cross_entropy": (K.cross_entropy, K.cross_entropy_reference, (logits, target), {}),
+        "flash_attention": (K.flash_attention, K.flash_attention_reference, (q, k, v), {"causal": False}),
+        "flash_attention_causal": (K.flash_attention, K.flash_attention_reference, (q, k, v), {"causal": True}),
+        "flash_attention_bfloat16": (K.flash_attention, K.flash_attention_reference,
+                                     tuple(t.bfloat16() for t in (q, k, v)), {"causal": True}),
+    }
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+def test_kernel_matches_its_reference_on_neuron(name):
+    kernel, reference, args, kwargs = _cases()[name]
+    originals = [a.clone() for a in args]
+    neuron = [a.to("neuron") for a in args]
+    got = kernel(*neuron, **kwargs)
+    _close(got, reference(*args, **kwargs), 2e-2 if "bfloat16" in name else 1e-4)
+    for a, o in zip(neuron, originals):  # inputs unchanged
+        assert torch.equal(a.cpu(), o)
+
+
+def test_the_simulator_runs_the_library_on_cpu_tensors():
+    kernel, reference, args, kwargs = _cases()["flash_attention_causal"]
+    _close(kernel(*args, **kwargs), reference(*args, **kwargs))
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "add_rms_norm", "rotary", "cross_entropy", "flash_attention_causal"])
+def test_gradients_through_the_library(name):
+    kernel, reference, args, kwargs = _cases()[name]
+    floats = [a.is_floating_point() for a in args]
+    cpu = [a.clone().requires_grad_(f) for a, f in zip(args, floats)]
+    neuron = [a.to("neuron").requires_grad_(f) for a, f in zip(args, floats)]
+
+    def loss(out):
+        outs = out if isinstance(out, tuple) else (out,)
+        return sum((o.float() * (i + 1)).square().sum() for i, o in enumerate(outs))
+
+    loss(kernel(*neuron, **kwargs)).backward()
+    loss(reference(*cpu, **kwargs)).backward()
+    for n, c in zip(neuron, cpu):
+        if c.requires_grad:
+            _close(n.grad, c.grad, 1e-3)
+
+
+def test_every_library_operator_passes_opcheck():
+    cases = _cases()
+    x, r, w = (a.to("neuron") for a in cases["add_rms_norm"][2])
+    cos, sin = (a.to("neuron") for a in cases["rotary"][2][1:])
+    logits, target = (a.to("neuron") for a in cases["cross_entropy"][2])
+    q, k, v = (a.to("neuron") for a in cases["flash_attention"][2])
+    rows = x.reshape(-1, 80)
+    ops = torch.ops.neuron_kernels
+    checks = [
+        (ops.rms_norm, (rows, w[None], 1e-6)),
+        (ops.add_rms_norm, (rows, r.reshape(-1, 80), w[None], 1e-6)),
+        (ops.softmax, (rows, True)),
+        (ops.swiglu, (rows, r.reshape(-1, 80))),
+        (ops.rotary, (rows, cos.repeat(2, 1), sin.repeat(2, 1))),
+        (ops.cross_entropy, (logits, target.clamp(min=0).to(torch.int32)[:, None].contiguous())),
+        (ops.flash_attention, (q.reshape(-1, 256, 32), k.reshape(-1, 256, 32), v.reshape(-1, 256, 32), True, 0.2)),
+    ]
+    for op, args in checks:
+        torch.library.opcheck(op, args)
+
+
+def test_shapes_a_kernel_does_not_take():
+    odd = torch.randn(131, 5)  # a prime number of rows over 128: blocks of one row
+    _close(K.softmax(odd.to("neuron")), K.softmax_reference(odd))
+    q = torch.randn(1, 2, 16, 200)  # head dim over 128
+    _close(K.flash_attention(q.to("neuron"), q.to("neuron"), q.to("neuron")), K.flash_attention_reference(q, q, q))
