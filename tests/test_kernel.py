@@ -117,6 +117,19 @@ def test_affine_range_with_independent_iterations():
     _both(scale_blocks, 1, lambda: [x.clone(), torch.zeros(64, 8)], {"B": 16}, check)
 
 
+def test_a_large_grid_runs_as_a_loop_of_programs():
+    # Grids of up to 64 programs are traced program by program; larger ones
+    # become a loop over the program ids (slices at symbolic offsets).
+    x = torch.randn(200, 12)
+
+    def check(args, originals):
+        _close(args[1], torch.softmax(originals[0], dim=1))
+
+    _both(softmax_rows, 100, lambda: [x.clone(), torch.zeros(200, 12)], {"ROWS": 2}, check)
+    assert "scf.for" in softmax_rows.mlir(100, x, x, ROWS=2)
+    assert "scf.for" not in softmax_rows.mlir(50, x, x, ROWS=4)
+
+
 # -- rules, at the kernel's line -----------------------------------------------------
 
 @nk.jit
@@ -156,7 +169,7 @@ def test_rules_name_the_kernel_line():
     with pytest.raises(nk.KernelError, match=rf":{first + 2}: a tile's first \(partition\) dimension holds at most 128"):
         nk.simulate(too_many_rows)[1](torch.randn(256, 4), torch.zeros(256, 4))
     first = out_of_bounds.fn.__code__.co_firstlineno
-    with pytest.raises(nk.KernelError, match=rf":{first + 3}: dimension 0 of argument `x` has 16 elements.*\[1, 17\)"):
+    with pytest.raises(nk.KernelError, match=rf":{first + 3}: dimension 0 of argument `x` has 16 elements.*, 17\)"):
         nk.simulate(out_of_bounds)[4](torch.randn(16, 8), torch.zeros(16, 8))
     with pytest.raises(nk.KernelError, match="float32 and int32 tiles: cast one first"):
         nk.simulate(mixed_dtypes)[1](torch.randn(4, 4), torch.ones(4, 4, dtype=torch.int32), torch.zeros(4, 4))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
+import math
 import threading
 
 import numpy as np
@@ -21,6 +23,8 @@ from .tracer import Ref, Tracer
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.int32: "int32",
            torch.bool: "bool"}
+_UNROLLED_GRID = 64  # grids of at most this many programs are traced program by program
+
 _NUMPY_DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", np.dtype(np.int32): "int32",
                  np.dtype(np.bool_): "bool"}
 
@@ -73,6 +77,15 @@ class Kernel:
             tracer.refs.append(ref)
             call[name] = ref
         with running(tracer):
+            if math.prod(grid) <= _UNROLLED_GRID:
+                # One copy of the program per grid point: a loop would carry
+                # whole outputs from one program to the next, and IREE copies
+                # a carried tensor at every iteration; unrolled, each store is
+                # in place and the programs' dispatches may run concurrently.
+                for ids in itertools.product(*(range(n) for n in grid)):
+                    tracer.program_ids = list(ids)
+                    self.fn(**call)
+                return tracer
             loops = []
             for n in grid:
                 loop = tracer.loop(n, "grid")

@@ -279,7 +279,8 @@ class Tracer:
     def program_id(self, axis):
         if not isinstance(axis, int) or not 0 <= axis < len(self.program_ids):
             raise self.error(f"program_id({axis!r}): the grid has {len(self.program_ids)} axes")
-        return Index({self.program_ids[axis]: 1})
+        program = self.program_ids[axis]
+        return program if isinstance(program, int) else Index({program: 1})  # an int: the grid is unrolled
 
     def loop(self, n, kind):
         var = self.fresh("i")

@@ -1,0 +1,100 @@
+"""The kernel library against the same computation as eager neuron ops (its
+PyTorch reference on neuron tensors, op mode) and PyTorch CPU eager,
+measured side by side.
+
+    python bench/kernels.py [--repeats 7] [--write docs/benchmarks.md]
+
+Flash attention also reports peak device memory of one call against the
+eager composite (scaled_dot_product_attention's math on neuron), whose
+scores grow with the square of the sequence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+os.environ.setdefault("TORCHNEURON_CACHE_DIR", tempfile.mkdtemp(prefix="tn-bench-kernels-"))
+from report import command_line, machine, time_interleaved, write_section  # noqa: E402
+
+import torch  # noqa: E402
+
+import torchneuron  # noqa: E402,F401
+from torchneuron import kernels as K  # noqa: E402
+
+
+def cases():
+    torch.manual_seed(0)
+    x, r, w = torch.randn(4096, 1024), torch.randn(4096, 1024), torch.randn(1024)
+    logits, target = torch.randn(256, 32000), torch.randint(0, 32000, (256,))
+    q, k, v = (torch.randn(1, 4, 2048, 64) for _ in range(3))
+    return {
+        "rms_norm 4096x1024": (K.rms_norm, K.rms_norm_reference, (x, w), {}),
+        "add_rms_norm 4096x1024": (K.add_rms_norm, K.add_rms_norm_reference, (x, r, w), {}),
+        "softmax 4096x1024": (K.softmax, K.softmax_reference, (x,), {}),
+        "swiglu 4096x1024": (K.swiglu, K.swiglu_reference, (x, r), {}),
+        "cross_entropy 256x32000": (K.cross_entropy, K.cross_entropy_reference, (logits, target), {}),
+        "flash_attention causal 4 heads x 2048 x 64": (K.flash_attention, K.flash_attention_reference, (q, k, v),
+                                                       {"causal": True}),
+    }
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def peak(fn) -> int:
+    torch.neuron.synchronize()
+    torch.neuron.reset_peak_memory_stats()
+    base = torch.neuron.memory_allocated()
+    _first(fn()).cpu()
+    return torch.neuron.max_memory_allocated() - base
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--write")
+    args = parser.parse_args()
+    rows, memory = [], {}
+    for name, (kernel, reference, inputs, kwargs) in cases().items():
+        neuron = [t.to("neuron") for t in inputs]
+        timed = time_interleaved({
+            "cpu": lambda: _first(reference(*inputs, **kwargs)),
+            "eager": lambda: _first(reference(*neuron, **kwargs)),
+            "kernel": lambda: _first(kernel(*neuron, **kwargs)),
+        }, repeats=args.repeats, inner=3)
+        rows.append((name, timed))
+        if name.startswith("flash"):
+            memory = {"kernel": peak(lambda: kernel(*neuron, **kwargs)),
+                      "eager": peak(lambda: reference(*neuron, **kwargs))}
+        print(name, {k: f"{v * 1e3:.2f} ms" for k, v in timed.items()}, flush=True)
+    lines = [
+        "## Kernel library: kernels against eager neuron ops and CPU eager",
+        "",
+        f"Command: `{command_line()}`  ",
+        f"Machine: {machine()}  ",
+        "Each kernel against its PyTorch reference run as eager neuron ops (op mode, cached executables) and on "
+        f"CPU; medians of {args.repeats} interleaved rounds of 3 calls, each timed to completion.",
+        "",
+        "| computation | CPU eager | eager neuron ops | kernel | kernel / eager neuron | kernel / CPU |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, t in rows:
+        lines.append(f"| {name} | {t['cpu'] * 1e3:.2f} ms | {t['eager'] * 1e3:.2f} ms | {t['kernel'] * 1e3:.2f} ms | "
+                     f"{t['kernel'] / t['eager']:.2f}x | {t['kernel'] / t['cpu']:.2f}x |")
+    if memory:
+        lines += ["", f"Flash attention's peak device memory in one call: kernel {memory['kernel'] / 2**20:.1f} MiB, "
+                      f"eager composite {memory['eager'] / 2**20:.1f} MiB (the output alone: "
+                      f"{4 * 2048 * 64 * 4 / 2**20:.1f} MiB)."]
+    body = "\n".join(lines)
+    print(body)
+    if args.write:
+        write_section(args.write, "kernels", body)
+
+
+if __name__ == "__main__":
+    main()
