@@ -80,12 +80,17 @@ def sequential_range(n: int):
 
 def static_range(n: int):
     """A loop unrolled when the kernel is traced (Python's range)."""
+    if not isinstance(n, (int, np.integer)):
+        raise KernelError(f"static_range's trip count must be an int known when the kernel is traced, got {n!r}")
     return range(_trip_count(n))
 
 
-def _trip_count(n) -> int:
+def _trip_count(n):
+    if hasattr(n, "bounds"):  # a program id or loop index (traced): sequential_range(qi + 1)
+        return n
     if not isinstance(n, (int, np.integer)) or n < 0:
-        raise KernelError(f"a loop's trip count must be a non-negative int known when the kernel is traced, got {n!r}")
+        raise KernelError(f"a loop's trip count must be a non-negative int, or depend on program ids and loop "
+                          f"indices only, got {n!r}")
     return int(n)
 
 

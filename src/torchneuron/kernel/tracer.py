@@ -284,7 +284,16 @@ class Tracer:
 
     def loop(self, n, kind):
         var = self.fresh("i")
-        self.trips[var] = n
+        if isinstance(n, Index):
+            if n.constant() is not None:
+                n = n.const
+            else:
+                lo, hi = n.bounds(self.trips)
+                if lo < 0:
+                    raise self.error(f"a loop's trip count {n} may be negative ({lo})")
+                self.trips[var] = max(hi, 1)  # the index's largest value bounds the slices it takes
+        if not isinstance(n, Index):
+            self.trips[var] = n
         objects = list(self.objects) + list(self.refs)
         outer = [o.ssa for o in objects]
         placeholders = [self.fresh("p") for _ in objects]
@@ -313,13 +322,17 @@ class Tracer:
                         f"{frame.read_lines[p]}: a tile updated in one iteration of affine_range is read in the "
                         f"next (a carried dependency); iterations of affine_range must be independent: use "
                         f"sequential_range for an accumulation")
-        if n == 0:
+        if isinstance(n, int) and n == 0:
             for o, p, before in carried:
                 o.ssa = before
             return
-        lo, hi, one = self.fresh("c"), self.fresh("c"), self.fresh("c")
+        lo, one = self.fresh("c"), self.fresh("c")
         self.emit(f"{lo} = arith.constant 0 : index")
-        self.emit(f"{hi} = arith.constant {n} : index")
+        if isinstance(n, Index):
+            hi = self.index(n)
+        else:
+            hi = self.fresh("c")
+            self.emit(f"{hi} = arith.constant {n} : index")
         self.emit(f"{one} = arith.constant 1 : index")
         if not carried:
             self.emit(f"scf.for {var} = {lo} to {hi} step {one} {{")

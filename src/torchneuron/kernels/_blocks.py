@@ -10,9 +10,9 @@ from ..kernel.language import PMAX
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def row_block(rows: int) -> int:
-    """The largest block of at most PMAX rows that divides `rows` (0: none)."""
-    for block in range(min(rows, PMAX), 0, -1):
+def row_block(rows: int, limit: int = PMAX) -> int:
+    """The largest block of at most `limit` (<= PMAX) rows that divides `rows`."""
+    for block in range(min(rows, limit, PMAX), 0, -1):
         if rows % block == 0:
             return block
     return 0

@@ -9,7 +9,8 @@ import torch
 from .. import kernel as nk
 from ._blocks import on_device, reference_autograd, row_block
 
-_VOCAB_BLOCK = 1024
+_VOCAB_BLOCK = 4096
+_ROWS = 32  # more programs, each streaming the vocabulary: they run concurrently
 
 
 @nk.jit
@@ -43,8 +44,8 @@ def _losses_reference(logits, target):
 _cross_entropy_op = nk.op(
     "neuron_kernels::cross_entropy", _cross_entropy,
     outputs=lambda logits, target: [((logits.shape[0], 1), torch.float32)],
-    grid=lambda logits, target: (logits.shape[0] // row_block(logits.shape[0]),),
-    constants=lambda logits, target: {"ROWS": row_block(logits.shape[0]), "BV": _vocab_block(logits.shape[1])},
+    grid=lambda logits, target: (logits.shape[0] // row_block(logits.shape[0], _ROWS),),
+    constants=lambda logits, target: {"ROWS": row_block(logits.shape[0], _ROWS), "BV": _vocab_block(logits.shape[1])},
     **reference_autograd(_losses_reference, 2))
 
 
