@@ -100,3 +100,37 @@ def test_shapes_a_kernel_does_not_take():
     _close(K.softmax(odd.to("neuron")), K.softmax_reference(odd))
     q = torch.randn(1, 2, 16, 200)  # head dim over 128
     _close(K.flash_attention(q.to("neuron"), q.to("neuron"), q.to("neuron")), K.flash_attention_reference(q, q, q))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch.compile"])
+def test_a_transformers_llama_on_the_library_matches_the_stock_model(compiled):
+    import copy
+    import warnings
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from torchneuron.kernels import attention, hf, norms
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      attn_implementation="sdpa")
+    torch.manual_seed(0)
+    stock = LlamaForCausalLM(cfg)
+    ours = hf.use_kernels(copy.deepcopy(stock).to("neuron"))
+    ids = torch.randint(0, 128, (2, 32))
+    expected = stock(input_ids=ids, labels=ids)
+    expected.loss.backward()
+    attention._flash_attention._compiled.clear()
+    norms._rms_norm._compiled.clear()
+    torch._dynamo.reset()
+    model = torch.compile(ours, backend="neuron") if compiled else ours
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="neuron: a torch.compile")
+        got = model(input_ids=ids.to("neuron"), labels=ids.to("neuron"))
+        got.loss.backward()
+    torch._dynamo.reset()
+    assert attention._flash_attention._compiled and norms._rms_norm._compiled  # the kernels ran
+    _close(got.logits, expected.logits)
+    _close(got.loss, expected.loss)
+    for a, b in zip(ours.parameters(), stock.parameters()):
+        _close(a.grad, b.grad)
