@@ -272,3 +272,17 @@ def test_a_kernel_operator_with_a_backward():
     torch.library.opcheck(square, (torch.randn(8, 12, device="neuron"),))
     # (torch's autograd registration check runs on CPU, CUDA and XPU only: CPU's simulator here)
     torch.library.opcheck(square, (torch.randn(8, 12, requires_grad=True),))
+
+
+def test_a_kernel_launch_is_a_device_event_in_the_profiler():
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(128, 16, device="neuron")
+    out = torch.empty(128, 16, device="neuron")
+    softmax_rows[1](x, out, ROWS=128)  # compiled before profiling
+    torch.neuron.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        softmax_rows[1](x, out, ROWS=128)
+        torch.neuron.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1]
+    assert "kernel softmax_rows" in names, names
