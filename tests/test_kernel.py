@@ -117,17 +117,32 @@ def test_affine_range_with_independent_iterations():
     _both(scale_blocks, 1, lambda: [x.clone(), torch.zeros(64, 8)], {"B": 16}, check)
 
 
-def test_a_large_grid_runs_as_a_loop_of_programs():
-    # Grids of up to 64 programs are traced program by program; larger ones
-    # become a loop over the program ids (slices at symbolic offsets).
+@nk.jit
+def double_blocks(x, out):
+    i, j = nk.program_id(0), nk.program_id(1)
+    nk.store(out[i, nk.ds(j * 4, 4)], nk.load(x[i, nk.ds(j * 4, 4)]) * 2.0)
+
+
+def test_large_grids_launch_in_chunks_or_run_as_a_loop():
+    # Up to 64 programs are traced apart and launched at once; a grid of 100
+    # launches as 2 chunks of 50 (the chunk's number a runtime argument, one
+    # executable); a grid whose programs do not divide so (2 x 67) becomes a
+    # loop over program ids (slices at symbolic offsets).
     x = torch.randn(200, 12)
 
     def check(args, originals):
         _close(args[1], torch.softmax(originals[0], dim=1))
 
     _both(softmax_rows, 100, lambda: [x.clone(), torch.zeros(200, 12)], {"ROWS": 2}, check)
-    assert "scf.for" in softmax_rows.mlir(100, x, x, ROWS=2)
-    assert "scf.for" not in softmax_rows.mlir(50, x, x, ROWS=4)
+    chunked = softmax_rows.mlir(100, x, x, ROWS=2)
+    assert "scf.for" not in chunked and "tensor.extract" in chunked
+    y = torch.randn(2, 268)
+
+    def doubled(args, originals):
+        _close(args[1], originals[0] * 2)
+
+    _both(double_blocks, (2, 67), lambda: [y.clone(), torch.zeros(2, 268)], {}, doubled)
+    assert "scf.for" in double_blocks.mlir((2, 67), y, y)
 
 
 # -- rules, at the kernel's line -----------------------------------------------------

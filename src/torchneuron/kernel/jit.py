@@ -19,11 +19,11 @@ import torch
 
 from .language import KernelError, running
 from .simulator import Simulator
-from .tracer import Ref, Tracer
+from .tracer import Index, Ref, Tracer
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.int32: "int32",
            torch.bool: "bool"}
-_UNROLLED_GRID = 64  # grids of at most this many programs are traced program by program
+_PROGRAMS = 64  # programs traced apart per launch (more: the grid launches in chunks, or loops)
 
 _NUMPY_DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", np.dtype(np.int32): "int32",
                  np.dtype(np.bool_): "bool"}
@@ -77,14 +77,9 @@ class Kernel:
             tracer.refs.append(ref)
             call[name] = ref
         with running(tracer):
-            if math.prod(grid) <= _UNROLLED_GRID:
-                # One copy of the program per grid point: a loop would carry
-                # whole outputs from one program to the next, and IREE copies
-                # a carried tensor at every iteration; unrolled, each store is
-                # in place and the programs' dispatches may run concurrently.
-                for ids in itertools.product(*(range(n) for n in grid)):
-                    tracer.program_ids = list(ids)
-                    self.fn(**call)
+            chunk = _chunk(grid)
+            if chunk:
+                self._trace_programs(tracer, grid, chunk, arguments, call)
                 return tracer
             loops = []
             for n in grid:
@@ -96,6 +91,31 @@ class Kernel:
             for loop in reversed(loops):
                 next(loop, None)
         return tracer
+
+    def _trace_programs(self, tracer, grid, chunk, arguments, call):
+        """The grid program by program: a loop over program ids would carry
+        whole outputs from one program to the next, and IREE copies a
+        carried tensor at every iteration; traced apart, each store lands in
+        place and the programs' dispatches may run concurrently. A grid of
+        more than _PROGRAMS programs launches in chunks of the first axis:
+        the chunk's number is a runtime argument, so one executable serves
+        every chunk."""
+        rest = [range(n) for n in grid[1:]]
+        if chunk == grid[0]:
+            for ids in itertools.product(range(chunk), *rest):
+                tracer.program_ids = list(ids)
+                self.fn(**call)
+            return
+        number = Ref(tracer, len(arguments), "(grid chunk)", (1,), "int32")
+        tracer.refs.append(number)
+        zero, value, var = tracer.fresh("c"), tracer.fresh(), tracer.fresh("i")
+        tracer.emit(f"{zero} = arith.constant 0 : index")
+        tracer.emit(f"{value} = tensor.extract {number.ssa}[{zero}] : tensor<1xi32>")
+        tracer.emit(f"{var} = arith.index_cast {value} : i32 to index")
+        tracer.trips[var] = grid[0] // chunk
+        for ids in itertools.product(range(chunk), *rest):
+            tracer.program_ids = [Index({var: chunk}, ids[0]), *ids[1:]]
+            self.fn(**call)
 
     # -- launching ------------------------------------------------------------------
 
@@ -124,7 +144,8 @@ class Kernel:
         tracer = self.trace(grid, arguments)
         backend, flags = target_flags()
         executable = eager.executable_for(tracer.module(), f"kernel {self.fn.__name__}", (backend, tuple(flags)))
-        compiled = (executable, tuple(ref.written for ref in tracer.refs))
+        chunk = _chunk(grid)
+        compiled = (executable, tuple(ref.written for ref in tracer.refs), grid[0] // chunk if chunk else 1)
         with self._lock:
             self._compiled[key] = compiled
         return compiled
@@ -139,7 +160,7 @@ def _launch(compiled, tensors, name) -> None:
     from ..runtime import device_queue
     from ..runtime.queue import queue_recorded
 
-    executable, written = compiled
+    executable, written, chunks = compiled
     index = tensors[0].device.index or 0
     queue = device_queue(index)
     queue_recorded(index, f"kernel {name}")  # what adaptive eager recorded runs first
@@ -153,12 +174,39 @@ def _launch(compiled, tensors, name) -> None:
         keep.append(t)
     lane = queue.lane_for(max(t.numel() for t in keep))
     bound = [lane.import_memory(t, t.storage_offset() * t.dtype.itemsize, tuple(t.shape), t.dtype) for t in keep]
-    queue.launch(executable, bound, keep, f"kernel {name}", None, lane)
+    if chunks == 1:
+        queue.launch(executable, bound, keep, f"kernel {name}", None, lane)
+    for c in range(chunks if chunks > 1 else 0):  # one launch per chunk of the grid, its number an argument
+        number = _chunk_number(index, c)
+        queue.launch(executable, bound + [lane.import_memory(number, 0, (1,), torch.int32)], keep + [number],
+                     f"kernel {name}", None, lane)
     for original, c in write_back:
         original.copy_(c)
     for t, w in zip(tensors, written):
         if w:
             torch.autograd.graph.increment_version(t)
+
+
+def _chunk(grid) -> int:
+    """Programs of the first axis traced apart and launched together (the
+    whole grid when it is small enough); 0: the grid runs as a loop."""
+    if math.prod(grid) <= _PROGRAMS:
+        return grid[0]
+    rest = math.prod(grid[1:])
+    fitting = [d for d in range(1, grid[0] + 1) if grid[0] % d == 0 and d * rest <= _PROGRAMS]
+    return max(fitting) if fitting and max(fitting) * rest * 4 >= _PROGRAMS else 0
+
+
+_numbers: dict = {}
+
+
+def _chunk_number(index: int, c: int) -> torch.Tensor:
+    """A device tensor holding `c`, kept for later launches."""
+    key = (index, c)
+    number = _numbers.get(key)
+    if number is None:
+        number = _numbers[key] = torch.tensor([c], dtype=torch.int32).to(torch.device("neuron", index))
+    return number
 
 
 def _spec(value):

@@ -280,7 +280,9 @@ class Tracer:
         if not isinstance(axis, int) or not 0 <= axis < len(self.program_ids):
             raise self.error(f"program_id({axis!r}): the grid has {len(self.program_ids)} axes")
         program = self.program_ids[axis]
-        return program if isinstance(program, int) else Index({program: 1})  # an int: the grid is unrolled
+        if isinstance(program, (int, Index)):  # the grid is traced program by program
+            return program
+        return Index({program: 1})
 
     def loop(self, n, kind):
         var = self.fresh("i")
