@@ -31,6 +31,8 @@ def cases():
     x, r, w = torch.randn(4096, 1024), torch.randn(4096, 1024), torch.randn(1024)
     logits, target = torch.randn(256, 32000), torch.randint(0, 32000, (256,))
     q, k, v = (torch.randn(1, 4, 2048, 64) for _ in range(3))
+    tokens, probs = torch.randn(512, 128), torch.softmax(torch.randn(512, 8), -1)
+    w1, w2 = torch.randn(8, 128, 512) * 0.05, torch.randn(8, 512, 128) * 0.05
     return {
         "rms_norm 4096x1024": (K.rms_norm, K.rms_norm_reference, (x, w), {}),
         "add_rms_norm 4096x1024": (K.add_rms_norm, K.add_rms_norm_reference, (x, r, w), {}),
@@ -39,6 +41,7 @@ def cases():
         "cross_entropy 256x32000": (K.cross_entropy, K.cross_entropy_reference, (logits, target), {}),
         "flash_attention causal 4 heads x 2048 x 64": (K.flash_attention, K.flash_attention_reference, (q, k, v),
                                                        {"causal": True}),
+        "moe 512 tokens, 8 experts, top 2, 128 -> 512 -> 128": (K.moe, K.moe_reference, (tokens, probs, w1, w2), {}),
     }
 
 

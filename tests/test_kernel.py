@@ -145,6 +145,23 @@ def test_large_grids_launch_in_chunks_or_run_as_a_loop():
     assert "scf.for" in double_blocks.mlir((2, 67), y, y)
 
 
+@nk.jit
+def gather_rows(x, idx, out):
+    i = nk.program_id(0)
+    rows = nk.load(idx[nk.ds(i * 4, 4)])  # an int32 tile of row numbers
+    nk.store(out[nk.ds(i * 4, 4), :], nk.load(x[rows, 2:6]) * 2.0)
+
+
+def test_loads_gather_rows_by_an_index_tile():
+    x = torch.randn(10, 8)
+    idx = torch.tensor([3, 1, 9, 0, 5, 5, 2, 7], dtype=torch.int32)
+
+    def check(args, originals):
+        _close(args[2], originals[0][originals[1].long(), 2:6] * 2)
+
+    _both(gather_rows, 2, lambda: [x.clone(), idx.clone(), torch.zeros(8, 4)], {}, check)
+
+
 # -- rules, at the kernel's line -----------------------------------------------------
 
 @nk.jit

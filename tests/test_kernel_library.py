@@ -25,6 +25,8 @@ def _cases():
     logits, target = torch.randn(48, 3000), torch.randint(0, 3000, (48,))
     target[5] = -100  # ignored
     q, k, v = (torch.randn(2, 3, 256, 32) for _ in range(3))
+    tokens, probs = torch.randn(96, 48), torch.softmax(torch.randn(96, 6), -1)
+    w1, w2 = torch.randn(6, 48, 160) * 0.1, torch.randn(6, 160, 48) * 0.1
     return {
         "rms_norm": (K.rms_norm, K.rms_norm_reference, (x, w), {}),
         "add_rms_norm": (K.add_rms_norm, K.add_rms_norm_reference, (x, r, w), {}),
@@ -37,6 +39,7 @@ def _cases():
         "flash_attention_causal": (K.flash_attention, K.flash_attention_reference, (q, k, v), {"causal": True}),
         "flash_attention_bfloat16": (K.flash_attention, K.flash_attention_reference,
                                      tuple(t.bfloat16() for t in (q, k, v)), {"causal": True}),
+        "moe": (K.moe, K.moe_reference, (tokens, probs, w1, w2), {"top_k": 2}),
     }
 
 
@@ -56,7 +59,7 @@ def test_the_simulator_runs_the_library_on_cpu_tensors():
     _close(kernel(*args, **kwargs), reference(*args, **kwargs))
 
 
-@pytest.mark.parametrize("name", ["rms_norm", "add_rms_norm", "rotary", "cross_entropy", "flash_attention_causal"])
+@pytest.mark.parametrize("name", ["rms_norm", "add_rms_norm", "rotary", "cross_entropy", "flash_attention_causal", "moe"])
 def test_gradients_through_the_library(name):
     kernel, reference, args, kwargs = _cases()[name]
     floats = [a.is_floating_point() for a in args]
@@ -90,6 +93,9 @@ def test_every_library_operator_passes_opcheck():
         (ops.rotary, (rows, cos.repeat(2, 1), sin.repeat(2, 1))),
         (ops.cross_entropy, (logits, target.clamp(min=0).to(torch.int32)[:, None].contiguous())),
         (ops.flash_attention, (q.reshape(-1, 256, 32), k.reshape(-1, 256, 32), v.reshape(-1, 256, 32), True, 0.2)),
+        (ops.moe_experts, (rows, torch.arange(64, dtype=torch.int32, device="neuron") % 48,
+                           torch.rand(64, device="neuron"), torch.randn(2, 80, 16, device="neuron"),
+                           torch.randn(2, 16, 80, device="neuron"), 32)),
     ]
     for op, args in checks:
         torch.library.opcheck(op, args)

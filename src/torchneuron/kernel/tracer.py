@@ -116,7 +116,19 @@ class Ref:
         self.written = False
 
     def __getitem__(self, key):
-        return View(self, *self.tracer.parse_key(key, self.shape, f"argument `{self.name}`"))
+        key = key if isinstance(key, tuple) else (key,)
+        gathered = [(dim, k) for dim, k in enumerate(key) if isinstance(k, Tile)]
+        if len(gathered) > 1:
+            raise self.tracer.error("an argument can be indexed by a tile along one dimension only")
+        if gathered:
+            dim, index = gathered[0]
+            if index.dtype != "int32" or len(index.shape) != 1:
+                raise self.tracer.error(f"indexing `{self.name}` by a tile takes a 1-D int32 tile, got {index!r}")
+            key = key[:dim] + (slice(None),) + key[dim + 1:]
+        view = View(self, *self.tracer.parse_key(key, self.shape, f"argument `{self.name}`"))
+        if gathered:
+            view.gather = gathered[0]
+        return view
 
     def __repr__(self):
         return f"<nk argument {self.name}: {self.dtype}{list(self.shape)}>"
@@ -127,10 +139,14 @@ class View:
 
     def __init__(self, ref, offsets, sizes, dropped):
         self.ref, self.offsets, self.sizes, self.dropped = ref, offsets, sizes, dropped
+        self.gather = None  # (dimension, 1-D int32 tile): rows picked by the tile's values
 
     @property
     def shape(self) -> tuple:
-        return tuple(s for s, d in zip(self.sizes, self.dropped) if not d)
+        sizes = list(self.sizes)
+        if self.gather:
+            sizes[self.gather[0]] = self.gather[1].shape[0]
+        return tuple(s for s, d in zip(sizes, self.dropped) if not d)
 
 
 class Tile:
@@ -424,11 +440,76 @@ class Tracer:
         if not isinstance(view, View):
             raise self.error(f"nk.load takes a slice of a kernel argument (x[...]), got {view!r}")
         self._check_tile_shape(view.shape)
+        if view.gather:
+            return self._gather(view)
         return self.extract(self.use(view.ref), view.ref.shape, view.ref.dtype, view.offsets, view.sizes, view.dropped)
+
+    def _gather(self, view) -> Tile:
+        """x[rows_tile, ...]: each index clamped into the argument (an index
+        out of range reads its nearest row, never memory outside it; the
+        simulator raises instead)."""
+        ref, (dim, index) = view.ref, view.gather
+        out = view.shape
+        positions, k = {}, 0  # source dimension -> its dimension in the result
+        for j, d in enumerate(view.dropped):
+            if not d:
+                positions[j] = k
+                k += 1
+        dims = [f"d{i}" for i in range(len(out))]
+        source = self.use(ref)
+        lines = []
+        saved, self.blocks = self.blocks, [lines]
+        value, picked = self.fresh("e"), self.fresh("s")
+        self.emit(f"{picked} = arith.index_cast {value} : i32 to index")
+        lo, hi = self.fresh("c"), self.fresh("c")
+        self.emit(f"{lo} = arith.constant 0 : index")
+        self.emit(f"{hi} = arith.constant {ref.shape[dim] - 1} : index")
+        low, row = self.fresh("s"), self.fresh("s")
+        self.emit(f"{low} = arith.maxsi {picked}, {lo} : index")
+        self.emit(f"{row} = arith.minsi {low}, {hi} : index")
+        coordinates = []
+        for j in range(len(ref.shape)):
+            if j == dim:
+                coordinates.append(row)
+            elif view.dropped[j]:
+                coordinates.append(self._index_ssa(view.offsets[j]))
+            else:
+                at = self.fresh("s")
+                self.emit(f"{at} = linalg.index {positions[j]} : index")
+                offset = self._index_ssa(view.offsets[j])
+                total = self.fresh("s")
+                self.emit(f"{total} = arith.addi {at}, {offset} : index")
+                coordinates.append(total)
+        element = self.fresh("s")
+        self.emit(f"{element} = tensor.extract {source}[{', '.join(coordinates)}] : {tensor_type(ref.shape, ref.dtype)}")
+        self.blocks = saved
+        empty, result, o = self.fresh(), self.fresh(), self.fresh("o")
+        self.emit(f"{empty} = tensor.empty() : {tensor_type(out, ref.dtype)}")
+        iterators = ", ".join('"parallel"' for _ in dims)
+        self.emit(f"{result} = linalg.generic {{indexing_maps = [affine_map<({', '.join(dims)}) -> ({dims[positions[dim]]})>, "
+                  f"affine_map<({', '.join(dims)}) -> ({', '.join(dims)})>], iterator_types = [{iterators}]}} "
+                  f"ins({self.use(index)} : {tensor_type(index.shape, 'int32')}) outs({empty} : {tensor_type(out, ref.dtype)}) {{")
+        self.emit(f"^bb0({value}: i32, {o}: {_ELEMENT[ref.dtype]}):")
+        for ln in lines:
+            self.emit("  " + ln)
+        self.emit(f"  linalg.yield {element} : {_ELEMENT[ref.dtype]}")
+        self.emit(f"}} -> {tensor_type(out, ref.dtype)}")
+        return self.tile(out, ref.dtype, result)
+
+    def _index_ssa(self, value) -> str:
+        """An index as an SSA value (a constant emitted when static)."""
+        text = self.index(value)
+        if text.startswith("%"):
+            return text
+        c = self.fresh("c")
+        self.emit(f"{c} = arith.constant {text} : index")
+        return c
 
     def store(self, view, tile):
         if not isinstance(view, View):
             raise self.error(f"nk.store writes to a slice of a kernel argument (out[...]), got {view!r}")
+        if view.gather:
+            raise self.error("nk.store writes to slices; indexing by a tile (a scatter) is for loads only")
         tile = self.broadcast_to(tile, view.shape, view.ref.dtype)
         if tile.dtype != view.ref.dtype:
             raise self.error(f"storing a {tile.dtype} tile into {view.ref.dtype} argument `{view.ref.name}`: "

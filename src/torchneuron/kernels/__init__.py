@@ -12,6 +12,7 @@ Shapes a kernel does not take (see each function) run the reference.
 
 from .attention import flash_attention, flash_attention_reference
 from .losses import cross_entropy, cross_entropy_reference
+from .moe import moe, moe_reference
 from .norms import add_rms_norm, add_rms_norm_reference, rms_norm, rms_norm_reference
 from .rows import log_softmax, log_softmax_reference, softmax, softmax_reference
 from .rotary import rotary, rotary_reference
@@ -21,8 +22,10 @@ REFERENCES = {
     "rms_norm": rms_norm_reference, "add_rms_norm": add_rms_norm_reference, "softmax": softmax_reference,
     "log_softmax": log_softmax_reference, "flash_attention": flash_attention_reference,
     "cross_entropy": cross_entropy_reference, "rotary": rotary_reference, "swiglu": swiglu_reference,
+    "moe": moe_reference,
 }
 
-__all__ = ["REFERENCES", "add_rms_norm", "cross_entropy", "flash_attention", "log_softmax", "rms_norm", "rotary",
+__all__ = ["REFERENCES", "add_rms_norm", "cross_entropy", "flash_attention", "log_softmax", "moe", "rms_norm", "rotary",
            "softmax", "swiglu", *[f"{n}_reference" for n in ("add_rms_norm", "cross_entropy", "flash_attention",
-                                                              "log_softmax", "rms_norm", "rotary", "softmax", "swiglu")]]
+                                                              "log_softmax", "moe", "rms_norm", "rotary", "softmax",
+                                                              "swiglu")]]
