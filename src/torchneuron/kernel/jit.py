@@ -104,6 +104,7 @@ class Kernel:
         if chunk == grid[0]:
             for ids in itertools.product(range(chunk), *rest):
                 tracer.program_ids = list(ids)
+                tracer.objects = []  # a program's tiles end with it: later loops need not consider them
                 self.fn(**call)
             return
         number = Ref(tracer, len(arguments), "(grid chunk)", (1,), "int32")
@@ -115,6 +116,7 @@ class Kernel:
         tracer.trips[var] = grid[0] // chunk
         for ids in itertools.product(range(chunk), *rest):
             tracer.program_ids = [Index({var: chunk}, ids[0]), *ids[1:]]
+            tracer.objects = []
             self.fn(**call)
 
     # -- launching ------------------------------------------------------------------

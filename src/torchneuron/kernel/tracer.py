@@ -218,7 +218,7 @@ class Tile:
 
 class _Loop:
     def __init__(self, kind, objects, placeholders):
-        self.kind, self.objects, self.placeholders = kind, objects, placeholders
+        self.kind, self.objects, self.placeholders = kind, objects, set(placeholders)
         self.read_lines: dict = {}  # placeholder -> the kernel line that read it
 
 
@@ -330,7 +330,7 @@ class Tracer:
         body = self.blocks.pop()
         carried = []
         for o, p, before in zip(objects, placeholders, outer):
-            if o.ssa == p:
+            if o.ssa == p:  # not rebound in the body: not carried
                 self.aliases[p] = before
                 o.ssa = before
             else:
