@@ -9,6 +9,7 @@ import time
 import torch
 
 import torchneuron
+from torchneuron.dispatch import eager
 from torchneuron.models import GPTConfig, train_gpt
 
 
@@ -92,8 +93,10 @@ def _run(args) -> int:
     print(f"ops on host fallback     : {stats['ops_on_host_fallback']} "
           f"({stats['distinct_fallback_ops']} distinct)")
     print(f"host reads and copies    : {stats['transfers']}")
+    building = eager.builds_in_flight()  # a cold run's steps end before its background builds do
     print(f"executables compiled     : {compile_stats['compiles']} in {compile_stats['compile_seconds']:.1f} s "
-          f"({compile_stats['hits']} in-memory hits, {compile_stats['signatures']} op signatures)")
+          f"({compile_stats['hits']} in-memory hits, {compile_stats['signatures']} op signatures)"
+          + (f", {building} still building in the background" if building else ""))
     loaded = {k: v for k, v in compile_stats["sources"].items() if v and k != "compiled"}
     if loaded:
         print("executables reused       : " + ", ".join(f"{v} from {k}" for k, v in loaded.items()))
@@ -122,8 +125,9 @@ def _run(args) -> int:
             times.clear()
             last[0] = time.perf_counter()
             train_gpt(args.device, 10, cfg=cfg, on_step=lambda step, loss: tick())
-            print(f"every compile landed     : {landed:.1f} s after training began; then a steady step "
-                  f"took {statistics.median(times[5:]) * 1000:.1f} ms")
+            compiled = torchneuron.compile_stats()["compiles"]
+            print(f"every compile landed     : {landed:.1f} s after training began ({compiled} executables "
+                  f"compiled); then a steady step took {statistics.median(times[5:]) * 1000:.1f} ms")
     top = sorted(fallback.items(), key=lambda kv: -kv[1])[:8]
     print("top host-fallback ops   : " + ", ".join(f"{k} x{v}" for k, v in top))
     print("=" * 64)

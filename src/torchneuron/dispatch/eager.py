@@ -372,6 +372,12 @@ def _landed(key, building):
     return plan
 
 
+def builds_in_flight() -> int:
+    """Background op builds started and not landed yet."""
+    with _plans_lock:
+        return sum(1 for p in _plans.values() if type(p) is _Building and not p.future.done())
+
+
 def wait_for_builds(timeout: float | None = None) -> bool:
     """Wait until every background op build started so far has landed; False on timeout."""
     deadline = None if timeout is None else time.monotonic() + timeout
