@@ -318,3 +318,29 @@ def test_a_kernel_launch_is_a_device_event_in_the_profiler():
         torch.neuron.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1]
     assert "kernel softmax_rows" in names, names
+
+
+@nk.jit
+def unrolled_sum(x, out, N: nk.constexpr):
+    acc = nk.zeros((4, 8), nk.float32)
+    for k in nk.static_range(N):  # unrolled when traced
+        acc += nk.load(x[nk.ds(k * 4, 4), :]) * (k + 1.0)
+    nk.store(out[...], acc)
+
+
+def test_static_range_unrolls_and_a_compile_failure_names_the_kernel(monkeypatch):
+    x = torch.randn(12, 8)
+
+    def check(args, originals):
+        _close(args[1], sum(originals[0][k * 4:(k + 1) * 4] * (k + 1.0) for k in range(3)))
+
+    _both(unrolled_sum, 1, lambda: [x.clone(), torch.zeros(4, 8)], {"N": 3}, check)
+    assert "scf.for" not in unrolled_sum.mlir(1, x, torch.zeros(4, 8), N=3)
+
+    from torchneuron.kernel import tracer
+
+    real = tracer.Tracer.module
+    monkeypatch.setattr(tracer.Tracer, "module", lambda self: real(self).replace("linalg.fill", "linalg.fil"))
+    with pytest.raises(nk.KernelError, match=r"test_kernel.py:\d+: kernel unrolled_sum did not compile .*gap in "
+                                             r"torchneuron's kernel lowering: nk.simulate runs it"):
+        unrolled_sum[1](x.to("neuron"), torch.zeros(4, 8, device="neuron"), N=2)

@@ -143,9 +143,19 @@ class Kernel:
         from ..compiler import target_flags
         from ..dispatch import eager
 
+        from ..lowering import NotCompilable
+
         tracer = self.trace(grid, arguments)
         backend, flags = target_flags()
-        executable = eager.executable_for(tracer.module(), f"kernel {self.fn.__name__}", (backend, tuple(flags)))
+        try:
+            executable = eager.executable_for(tracer.module(), f"kernel {self.fn.__name__}", (backend, tuple(flags)))
+        except NotCompilable as e:  # the kernel passed every rule: what failed is the lowering's
+            code = self.fn.__code__
+            raise KernelError(
+                f"{code.co_filename}:{code.co_firstlineno}: kernel {self.fn.__name__} did not compile for "
+                f"{backend} ({_first_error(str(e))}). It passed the language's rules, so this is a gap in "
+                f"torchneuron's kernel lowering: nk.simulate runs it meanwhile; {self.fn.__name__}.mlir(...) "
+                f"shows what was generated") from None
         chunk = _chunk(grid)
         compiled = (executable, tuple(ref.written for ref in tracer.refs), grid[0] // chunk if chunk else 1)
         with self._lock:
@@ -187,6 +197,12 @@ def _launch(compiled, tensors, name) -> None:
     for t, w in zip(tensors, written):
         if w:
             torch.autograd.graph.increment_version(t)
+
+
+def _first_error(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    found = next((ln[ln.index("error:"):] for ln in lines if "error:" in ln), lines[0] if lines else "unknown")
+    return found[:300]
 
 
 def _chunk(grid) -> int:
