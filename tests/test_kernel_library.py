@@ -84,6 +84,8 @@ def test_every_library_operator_passes_opcheck():
     logits, target = (a.to("neuron") for a in cases["cross_entropy"][2])
     q, k, v = (a.to("neuron") for a in cases["flash_attention"][2])
     rows = x.reshape(-1, 80)
+    q3, k3, v3 = (t.reshape(-1, 256, 32) for t in (q, k, v))
+    lse = torch.randn(6, 256, 1, device="neuron")
     ops = torch.ops.neuron_kernels
     checks = [
         (ops.rms_norm, (rows, w[None], 1e-6)),
@@ -93,6 +95,8 @@ def test_every_library_operator_passes_opcheck():
         (ops.rotary, (rows, cos.repeat(2, 1), sin.repeat(2, 1))),
         (ops.cross_entropy, (logits, target.clamp(min=0).to(torch.int32)[:, None].contiguous())),
         (ops.flash_attention, (q.reshape(-1, 256, 32), k.reshape(-1, 256, 32), v.reshape(-1, 256, 32), True, 0.2)),
+        (ops.flash_attention_backward_kv, (q3, k3, v3, q3, k3, lse, True, 0.2)),
+        (ops.flash_attention_backward_q, (q3, k3, v3, q3, k3, lse, False, 0.2)),
         (ops.moe_experts, (rows, torch.arange(64, dtype=torch.int32, device="neuron") % 48,
                            torch.rand(64, device="neuron"), torch.randn(2, 80, 16, device="neuron"),
                            torch.randn(2, 16, 80, device="neuron"), 32)),
@@ -126,7 +130,8 @@ def test_a_transformers_llama_on_the_library_matches_the_stock_model(compiled):
     ids = torch.randint(0, 128, (2, 32))
     expected = stock(input_ids=ids, labels=ids)
     expected.loss.backward()
-    attention._flash_attention._compiled.clear()
+    for kernel in (attention._forward, attention._backward_q, attention._backward_kv):
+        kernel._compiled.clear()
     norms._rms_norm._compiled.clear()
     torch._dynamo.reset()
     model = torch.compile(ours, backend="neuron") if compiled else ours
@@ -135,7 +140,8 @@ def test_a_transformers_llama_on_the_library_matches_the_stock_model(compiled):
         got = model(input_ids=ids.to("neuron"), labels=ids.to("neuron"))
         got.loss.backward()
     torch._dynamo.reset()
-    assert attention._flash_attention._compiled and norms._rms_norm._compiled  # the kernels ran
+    assert attention._forward._compiled and norms._rms_norm._compiled  # the kernels ran
+    assert attention._backward_q._compiled and attention._backward_kv._compiled  # and attention's backward
     _close(got.logits, expected.logits)
     _close(got.loss, expected.loss)
     for a, b in zip(ours.parameters(), stock.parameters()):
