@@ -26,6 +26,16 @@ import torchneuron  # noqa: E402,F401
 from torchneuron import kernels as K  # noqa: E402
 
 
+def forward_backward(attention):
+    """Attention's forward and backward (the gradient of sum(out * g))."""
+    def run(q, k, v, **kwargs):
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        out = attention(q, k, v, **kwargs)
+        out.backward(torch.ones_like(out))
+        return q.grad
+    return run
+
+
 def cases():
     torch.manual_seed(0)
     x, r, w = torch.randn(4096, 1024), torch.randn(4096, 1024), torch.randn(1024)
@@ -41,6 +51,9 @@ def cases():
         "cross_entropy 256x32000": (K.cross_entropy, K.cross_entropy_reference, (logits, target), {}),
         "flash_attention causal 4 heads x 2048 x 64": (K.flash_attention, K.flash_attention_reference, (q, k, v),
                                                        {"causal": True}),
+        "flash_attention causal forward + backward, 4 heads x 2048 x 64": (
+            forward_backward(K.flash_attention), forward_backward(K.flash_attention_reference), (q, k, v),
+            {"causal": True}),
         "moe 512 tokens, 8 experts, top 2, 128 -> 512 -> 128": (K.moe, K.moe_reference, (tokens, probs, w1, w2), {}),
     }
 
@@ -71,7 +84,7 @@ def main() -> None:
             "kernel": lambda: _first(kernel(*neuron, **kwargs)),
         }, repeats=args.repeats, inner=3)
         rows.append((name, timed))
-        if name.startswith("flash"):
+        if name.startswith("flash_attention causal 4"):
             memory = {"kernel": peak(lambda: kernel(*neuron, **kwargs)),
                       "eager": peak(lambda: reference(*neuron, **kwargs))}
         print(name, {k: f"{v * 1e3:.2f} ms" for k, v in timed.items()}, flush=True)
