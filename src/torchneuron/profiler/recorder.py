@@ -52,6 +52,9 @@ def _launch(index, stream, what, issued, ended, called) -> list:
 _native_id = threading.get_native_id
 
 
+_NEAREST_DEPTH = 4  # autograd nodes searched for a line, breadth first
+
+
 class _Session:
     """One recording: the launches it saw, in issue order."""
 
@@ -95,8 +98,27 @@ class _Session:
         self.forward_lines.setdefault(_sequence_nr() - 1, (filename, line))
 
     def backward_line(self):
+        """The forward line of the backward node running now; for a node
+        whose forward op never reached the device (a view such as split, whose
+        backward is a cat), that of the nearest node it feeds gradients to
+        (the op that made the viewed tensor)."""
         node = _current_node()
-        return self.forward_lines.get(node._sequence_nr()) if node is not None else None
+        if node is None:
+            return None
+        lines = self.forward_lines
+        seen, frontier = set(), [node]
+        for _ in range(_NEAREST_DEPTH):
+            following = []
+            for n in frontier:
+                line = lines.get(n._sequence_nr())
+                if line is not None:
+                    return line
+                for nxt, _ in n.next_functions:
+                    if nxt is not None and id(nxt) not in seen:
+                        seen.add(id(nxt))
+                        following.append(nxt)
+            frontier = following
+        return None
 
     def opened(self, kind, name, started, **details) -> int:
         """Work that has begun (a compile): if the session stops before its
