@@ -483,18 +483,29 @@ class Tracer:
         element = self.fresh("s")
         self.emit(f"{element} = tensor.extract {source}[{', '.join(coordinates)}] : {tensor_type(ref.shape, ref.dtype)}")
         self.blocks = saved
-        empty, result, o = self.fresh(), self.fresh(), self.fresh("o")
+        empty, o = self.fresh(), self.fresh("o")
         self.emit(f"{empty} = tensor.empty() : {tensor_type(out, ref.dtype)}")
-        iterators = ", ".join('"parallel"' for _ in dims)
-        self.emit(f"{result} = linalg.generic {{indexing_maps = [affine_map<({', '.join(dims)}) -> ({dims[positions[dim]]})>, "
-                  f"affine_map<({', '.join(dims)}) -> ({', '.join(dims)})>], iterator_types = [{iterators}]}} "
-                  f"ins({self.use(index)} : {tensor_type(index.shape, 'int32')}) outs({empty} : {tensor_type(out, ref.dtype)}) {{")
-        self.emit(f"^bb0({value}: i32, {o}: {_ELEMENT[ref.dtype]}):")
+        maps = [f"affine_map<({', '.join(dims)}) -> ({dims[positions[dim]]})>",
+                f"affine_map<({', '.join(dims)}) -> ({', '.join(dims)})>"]
+        result = self._emit_generic(maps, ["parallel"] * len(dims),
+                                    f"ins({self.use(index)} : {tensor_type(index.shape, 'int32')}) ",
+                                    f"{empty} : {tensor_type(out, ref.dtype)}",
+                                    [f"{value}: i32", f"{o}: {_ELEMENT[ref.dtype]}"], lines, element, ref.dtype,
+                                    tensor_type(out, ref.dtype))
+        return self.tile(out, ref.dtype, result)
+
+    def _emit_generic(self, maps, iterators, ins, outs, region, lines, value, dtype, result_type) -> str:
+        """A linalg.generic whose region (block arguments `region`) runs
+        `lines` and yields `value`; returns its result's name."""
+        result = self.fresh()
+        self.emit(f"{result} = linalg.generic {{indexing_maps = [{', '.join(maps)}], iterator_types = "
+                  f"[{', '.join(f'{chr(34)}{i}{chr(34)}' for i in iterators)}]}} {ins}outs({outs}) {{")
+        self.emit(f"^bb0({', '.join(region)}):")
         for ln in lines:
             self.emit("  " + ln)
-        self.emit(f"  linalg.yield {element} : {_ELEMENT[ref.dtype]}")
-        self.emit(f"}} -> {tensor_type(out, ref.dtype)}")
-        return self.tile(out, ref.dtype, result)
+        self.emit(f"  linalg.yield {value} : {_ELEMENT[dtype]}")
+        self.emit(f"}} -> {result_type}")
+        return result
 
     def _index_ssa(self, value) -> str:
         """An index as an SSA value (a constant emitted when static)."""
@@ -560,8 +571,12 @@ class Tracer:
             return self._scalar(value.const, dtype)
         if dtype == "bool":
             raise self.error("an index used with a bool tile")
-        i, r = self.index(value), self.fresh("s")
-        self.emit(f"{r} = arith.index_cast {i} : index to i32")
+        return self._as_number(self.index(value), dtype)
+
+    def _as_number(self, index: str, dtype) -> str:
+        """An SSA index converted to a number of `dtype`."""
+        r = self.fresh("s")
+        self.emit(f"{r} = arith.index_cast {index} : index to i32")
         if dtype in _FLOATS:
             f = self.fresh("s")
             self.emit(f"{f} = arith.sitofp {r} : i32 to {_ELEMENT[dtype]}")
@@ -572,14 +587,9 @@ class Tracer:
         self._check_tile_shape((n,))
 
         def body(a):
-            i, r = self.fresh("s"), self.fresh("s")
+            i = self.fresh("s")
             self.emit(f"{i} = linalg.index 0 : index")
-            self.emit(f"{r} = arith.index_cast {i} : index to i32")
-            if dtype in _FLOATS:
-                f = self.fresh("s")
-                self.emit(f"{f} = arith.sitofp {r} : i32 to {_ELEMENT[dtype]}")
-                return f
-            return r
+            return self._as_number(i, dtype)
         return self._generic([], (n,), dtype, body)
 
     def broadcast_to(self, value, shape, dtype) -> Tile:
@@ -623,7 +633,7 @@ class Tracer:
         maps.append(f"affine_map<({', '.join(dims)}) -> ({', '.join(dims)})>")
         out = self.fresh("o")
         region.append(f"{out}: {_ELEMENT[out_dtype]}")
-        empty, result = self.fresh(), self.fresh()
+        empty = self.fresh()
         self.emit(f"{empty} = tensor.empty() : {tensor_type(out_shape, out_dtype)}")
         lines = []
         resolved = []
@@ -637,15 +647,9 @@ class Tracer:
         saved, self.blocks = self.blocks, [lines]
         value = body(resolved)
         self.blocks = saved
-        iterators = ", ".join('"parallel"' for _ in dims)
         ins_text = f"ins({', '.join(ins)} : {', '.join(in_types)}) " if ins else ""
-        self.emit(f"{result} = linalg.generic {{indexing_maps = [{', '.join(maps)}], iterator_types = [{iterators}]}} "
-                  f"{ins_text}outs({empty} : {tensor_type(out_shape, out_dtype)}) {{")
-        self.emit(f"^bb0({', '.join(region)}):")
-        for ln in lines:
-            self.emit("  " + ln)
-        self.emit(f"  linalg.yield {value} : {_ELEMENT[out_dtype]}")
-        self.emit(f"}} -> {tensor_type(out_shape, out_dtype)}")
+        result = self._emit_generic(maps, ["parallel"] * rank, ins_text, f"{empty} : {tensor_type(out_shape, out_dtype)}",
+                                    region, lines, value, out_dtype, tensor_type(out_shape, out_dtype))
         return self.tile(out_shape, out_dtype, result)
 
     def _broadcast_shape(self, shapes):
@@ -800,19 +804,16 @@ class Tracer:
         init = self.full(out, start, dtype)
         dims = [f"d{i}" for i in range(rank)]
         kept = [d for j, d in enumerate(dims) if j != axis]
-        a, acc, r = self.fresh("e"), self.fresh("e"), self.fresh()
+        a, acc, s = self.fresh("e"), self.fresh("e"), self.fresh("s")
         t = _ELEMENT[dtype]
         op = {"sum": ("arith.addf", "arith.addi"), "max": ("arith.maximumf", "arith.maxsi"),
               "min": ("arith.minimumf", "arith.minsi")}[name][0 if fl else 1]
-        iterators = ", ".join('"reduction"' if j == axis else '"parallel"' for j in range(rank))
-        s = self.fresh("s")
-        self.emit(f"{r} = linalg.generic {{indexing_maps = [affine_map<({', '.join(dims)}) -> ({', '.join(dims)})>, "
-                  f"affine_map<({', '.join(dims)}) -> ({', '.join(kept)})>], iterator_types = [{iterators}]}} "
-                  f"ins({self.use(x)} : {tensor_type(x.shape, dtype)}) outs({self.use(init)} : {tensor_type(out, dtype)}) {{")
-        self.emit(f"^bb0({a}: {t}, {acc}: {t}):")
-        self.emit(f"  {s} = {op} {a}, {acc} : {t}")
-        self.emit(f"  linalg.yield {s} : {t}")
-        self.emit(f"}} -> {tensor_type(out, dtype)}")
+        maps = [f"affine_map<({', '.join(dims)}) -> ({', '.join(dims)})>",
+                f"affine_map<({', '.join(dims)}) -> ({', '.join(kept)})>"]
+        r = self._emit_generic(maps, ["reduction" if j == axis else "parallel" for j in range(rank)],
+                               f"ins({self.use(x)} : {tensor_type(x.shape, dtype)}) ",
+                               f"{self.use(init)} : {tensor_type(out, dtype)}", [f"{a}: {t}", f"{acc}: {t}"],
+                               [f"{s} = {op} {a}, {acc} : {t}"], s, dtype, tensor_type(out, dtype))
         if not keepdims:
             return self.tile(out, dtype, r)
         full = tuple(1 if j == axis else s for j, s in enumerate(x.shape))
