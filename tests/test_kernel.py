@@ -344,3 +344,47 @@ def test_static_range_unrolls_and_a_compile_failure_names_the_kernel(monkeypatch
     with pytest.raises(nk.KernelError, match=r"test_kernel.py:\d+: kernel unrolled_sum did not compile .*gap in "
                                              r"torchneuron's kernel lowering: nk.simulate runs it"):
         unrolled_sum[1](x.to("neuron"), torch.zeros(4, 8, device="neuron"), N=2)
+
+
+def _kernel(body):
+    """A kernel (x, out) whose body is `body(x, out)`."""
+    def kernel(x, out):
+        body(x, out)
+    return nk.jit(kernel)
+
+
+@pytest.mark.parametrize("body, message", [
+    (lambda x, out: nk.store(out[::2, :], nk.load(x[::2, :])), "slices take step 1"),
+    (lambda x, out: nk.store(out[...], nk.load(x[...])[None]), "None takes a full slice"),
+    (lambda x, out: nk.store(out[...], nk.load(x[...])) if nk.load(x[...]) else None, "use nk.where, not `if`"),
+    (lambda x, out: nk.store(x, nk.load(x[...])), "writes to a slice of a kernel argument"),
+    (lambda x, out: nk.load(x), "takes a slice of a kernel argument"),
+    (lambda x, out: nk.load(x[nk.zeros((4,), nk.float32), :]), "takes a 1-D int32 tile"),
+    (lambda x, out: nk.store(out[nk.arange(4), :], nk.load(x[...])), "indexing by a tile .* is for loads only"),
+    (lambda x, out: nk.matmul(nk.load(x[...]), nk.load(x[0:2, :])), "inner sizes differ"),
+    (lambda x, out: nk.program_id(1), r"program_id\(1\): the grid has 1 axes"),
+    (lambda x, out: [None for _ in nk.sequential_range(2.5)], "trip count"),
+    (lambda x, out: nk.zeros((200, 4)), "partition"),
+    (lambda x, out: nk.zeros((4, 4), "float64"), "unsupported tile dtype"),
+    (lambda x, out: nk.exp(nk.load(x[...]).astype(nk.int32)), "takes float tiles"),
+])
+def test_each_rule_is_a_kernel_error(body, message):
+    with pytest.raises(nk.KernelError, match=message):
+        nk.simulate(_kernel(body))[1](torch.randn(4, 4), torch.zeros(4, 4))
+
+
+def test_launch_and_registration_errors_are_kernel_errors():
+    with pytest.raises(nk.KernelError, match="0-dim tensor"):
+        nk.simulate(softmax_rows)[1](torch.randn(()), torch.zeros(()), ROWS=1)
+    with pytest.raises(nk.KernelError, match="dtype torch.float64 are not supported"):
+        nk.simulate(softmax_rows)[1](torch.randn(4, 4, dtype=torch.float64), torch.zeros(4, 4), ROWS=4)
+    with pytest.raises(nk.KernelError, match="a grid is one or more positive ints"):
+        softmax_rows[0]
+    with pytest.raises(nk.KernelError, match="takes an @nk.jit kernel"):
+        nk.op("nktest::plain", softmax_rows.fn, outputs=lambda x: [], grid=lambda x: 1)
+    with pytest.raises(nk.KernelError, match="'namespace::name'"):
+        nk.op("no_namespace", square_kernel, outputs=lambda x: [(x.shape, x.dtype)], grid=lambda x: 1)
+    with pytest.raises(nk.KernelError, match="which leaves 0 outputs"):
+        nk.op("nktest::none_out", square_kernel, outputs=lambda x, y: [], grid=lambda x, y: 1)
+    with pytest.raises(nk.KernelError, match="nk.simulate takes an @nk.jit kernel"):
+        nk.simulate(softmax_rows.fn)

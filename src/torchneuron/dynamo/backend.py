@@ -23,7 +23,7 @@ from .. import config
 from ..compiler import compile_pool, target_flags
 from . import stats
 from .graph_program import GraphProgram, compile_program, source_lines
-from .pieces import at_opaque_ops, in_pieces, pieces_expected, pieces_for
+from .pieces import at_opaque_ops, in_pieces, op_count, pieces_expected, pieces_for
 
 _OPTIONS = ("compiler_flags", "strict")
 
@@ -156,7 +156,7 @@ def _fall_back(gm, kind, error, strict):
     reason and the graph's source lines, or GraphCompileError when strict."""
     lines = source_lines(gm)
     message = (
-        f"neuron: a torch.compile {kind} graph ({_op_count(gm)} ops) could not be compiled ({_reason(str(error))}); "
+        f"neuron: a torch.compile {kind} graph ({op_count(gm)} ops) could not be compiled ({_reason(str(error))}); "
         f"it runs in neuron eager mode instead."
         + (f" Its source lines: {'; '.join(lines[:5])}" if lines else "")
     )
@@ -196,6 +196,3 @@ def _reason(text: str) -> str:
             return ln[ln.index("error:"):][:400]
     return lines[0][:400] if lines else "unknown failure"
 
-
-def _op_count(gm) -> int:
-    return sum(1 for n in gm.graph.nodes if n.op == "call_function")

@@ -34,7 +34,7 @@ def pieces_for(error: BaseException, gm: torch.fx.GraphModule) -> int:
     """How many pieces a graph the runtime refused with `error` should be
     compiled as; 0 when splitting it would not help."""
     m = _BINDINGS.search(str(error))
-    if not m or _op_count(gm) < 2 * _MIN_OPS:
+    if not m or op_count(gm) < 2 * _MIN_OPS:
         return 0
     count, limit = int(m.group(1)), int(m.group(2))
     # Twice the bare ratio: pieces are balanced by ops, not by buffers.
@@ -51,7 +51,7 @@ def pieces_expected(gm: torch.fx.GraphModule) -> int:
     counters = sum(
         1 for node in gm.graph.nodes
         if node.op == "placeholder" and _one_element(node) and any(_one_element(u) for u in node.users))
-    if 3 * counters <= _MAX_BINDINGS or _op_count(gm) < 2 * _MIN_OPS:
+    if 3 * counters <= _MAX_BINDINGS or op_count(gm) < 2 * _MIN_OPS:
         return 0
     return max(2, math.ceil(2 * 3 * counters / _MAX_BINDINGS))
 
@@ -172,9 +172,7 @@ def _per_tensor_calls(node):
     keyword = {a.name for a in arguments if a.kwarg_only}
     calls = []
     for i, result in enumerate(results):
-        def pick(v):
-            return v[i]
-        positional = [pick(values[a.name]) if a.name in lists else values[a.name]
+        positional = [values[a.name][i] if a.name in lists else values[a.name]
                       for a in arguments if a.name in values and a.name not in keyword]
         kwargs = {k: values[k] for k in keyword if k in values}
         call = _checked(op, positional, kwargs, result)
@@ -216,7 +214,7 @@ def _vals(value):
     return value
 
 
-def _op_count(gm) -> int:
+def op_count(gm) -> int:
     return sum(1 for n in gm.graph.nodes if n.op == "call_function")
 
 
@@ -254,4 +252,4 @@ def _partition(gm: torch.fx.GraphModule, pieces: int) -> dict:
     return assignment
 
 
-__all__ = ["at_opaque_ops", "in_pieces", "pieces_expected", "pieces_for"]
+__all__ = ["at_opaque_ops", "in_pieces", "op_count", "pieces_expected", "pieces_for"]

@@ -63,7 +63,7 @@ class Kernel:
 
     def trace(self, grid, arguments: dict) -> Tracer:
         """Run the kernel on proxies: every rule is checked here."""
-        tracer = Tracer(self.fn.__code__, grid)
+        tracer = Tracer(self.fn.__code__)
         call = {}
         for position, (name, value) in enumerate(arguments.items()):
             spec = _spec(value)

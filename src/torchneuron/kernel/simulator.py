@@ -16,7 +16,7 @@ import random
 
 import numpy as np
 
-from .language import KernelError
+from .language import KernelError, running
 
 _NUMPY = {"float32": np.float32, "float16": np.float16, "bfloat16": np.float32, "int32": np.int32, "bool": np.bool_}
 
@@ -90,15 +90,11 @@ class Simulator:
         print(label, x)
 
     def run(self, fn, args, constants):
-        with _running(self):
+        with running(self):
             for ids in np.ndindex(*self.grid):
                 self.ids = tuple(int(i) for i in ids)
                 fn(*args, **constants)
 
-
-def _running(sim):
-    from .language import running
-    return running(sim)
 
 
 __all__ = ["Simulator"]

@@ -161,8 +161,8 @@ class Tile:
         return cast(self, dtype)
 
     def __getitem__(self, key):
-        if isinstance(key, tuple) and any(k is None for k in key):
-            return self.tracer.expand(self, key)
+        if any(k is None for k in (key if isinstance(key, tuple) else (key,))):
+            return self.tracer.expand(self, key if isinstance(key, tuple) else (key,))
         offsets, sizes, dropped = self.tracer.parse_key(key, self.shape, "a tile")
         return self.tracer.extract(self.tracer.use(self), self.shape, self.dtype, offsets, sizes, dropped)
 
@@ -202,6 +202,7 @@ class Tile:
     __and__, __or__ = _op("and"), _op("or")
     __iadd__, __isub__, __imul__, __itruediv__ = _inplace("add"), _inplace("sub"), _inplace("mul"), _inplace("div")
     __hash__ = object.__hash__
+    del _op, _inplace
 
     def __neg__(self):
         return self.tracer.unary("negative", self)
@@ -217,15 +218,14 @@ class Tile:
 
 
 class _Loop:
-    def __init__(self, kind, objects, placeholders):
-        self.kind, self.objects, self.placeholders = kind, objects, set(placeholders)
+    def __init__(self, kind, placeholders):
+        self.kind, self.placeholders = kind, set(placeholders)
         self.read_lines: dict = {}  # placeholder -> the kernel line that read it
 
 
 class Tracer:
-    def __init__(self, kernel_code, grid: tuple):
+    def __init__(self, kernel_code):
         self.code = kernel_code
-        self.grid = grid
         self.blocks: list = [[]]
         self.count = 0
         self.objects: list = []  # what a loop body may rebind: arguments and tiles
@@ -317,7 +317,7 @@ class Tracer:
         placeholders = [self.fresh("p") for _ in objects]
         for o, p in zip(objects, placeholders):
             o.ssa = p
-        frame = _Loop(kind, objects, placeholders)
+        frame = _Loop(kind, placeholders)
         self.loops.append(frame)
         self.blocks.append([])
         try:
