@@ -11,6 +11,8 @@
 #include <ATen/ops/resize_native.h>
 #include <ATen/ops/set_native.h>
 #include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -81,6 +83,17 @@ at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
   return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
 }
 
+// Views that reinterpret the storage's bytes as another dtype (complex as
+// pairs of reals and back, bit casts): metadata only, as on CPU.
+at::Tensor view_dtype(const at::Tensor& self, c10::ScalarType dtype) {
+  check_dtype(dtype);
+  return at::native::view_dtype(self, dtype);
+}
+
+at::Tensor view_as_real(const at::Tensor& self) { return at::native::view_as_real(self); }
+
+at::Tensor view_as_complex(const at::Tensor& self) { return at::native::view_as_complex(self); }
+
 at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
   return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
 }
@@ -128,6 +141,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty_strided", empty_strided);
   m.impl("as_strided", as_strided);
   m.impl("view", view);
+  m.impl("view.dtype", view_dtype);
+  m.impl("view_as_real", view_as_real);
+  m.impl("view_as_complex", view_as_complex);
   m.impl("_reshape_alias", reshape_alias);
   m.impl("unfold", unfold);
   m.impl("resize_", resize_);

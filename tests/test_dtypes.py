@@ -7,7 +7,7 @@ import torchneuron
 
 DTYPES = [
     torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8,
-    torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+    torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128,
 ]
 
 
@@ -15,8 +15,8 @@ DTYPES = [
 def test_round_trip_and_compute(dtype):
     if dtype == torch.bool:
         x = torch.tensor([True, False, True, True])
-    elif dtype.is_floating_point:
-        x = torch.randn(4, 3).to(dtype)
+    elif dtype.is_floating_point or dtype.is_complex:
+        x = torch.randn(4, 3, dtype=dtype)
     else:
         x = torch.randint(0, 100, (4, 3)).to(dtype)
     n = x.to("neuron")
@@ -26,14 +26,17 @@ def test_round_trip_and_compute(dtype):
         torch.testing.assert_close((n & ~n.roll(1)).cpu(), x & ~x.roll(1))
     else:
         torch.testing.assert_close((n * 2 + n).cpu(), x * 2 + x)
-        torch.testing.assert_close(n.max().cpu(), x.max())
+        if dtype.is_complex:
+            torch.testing.assert_close(n.abs().max().cpu(), x.abs().max())
+        else:
+            torch.testing.assert_close(n.max().cpu(), x.max())
 
 
 def test_supported_dtypes_listed():
     assert set(torchneuron.supported_dtypes()) == set(DTYPES)
 
 
-@pytest.mark.parametrize("dtype", [torch.complex64, torch.float8_e4m3fn, torch.uint16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.complex32, torch.float8_e4m3fn, torch.uint16], ids=str)
 def test_unsupported_dtype_fails_clearly(dtype):
     with pytest.raises(TypeError, match="cannot be held by the current target"):
         torch.zeros(3, dtype=dtype, device="neuron")

@@ -88,18 +88,18 @@ def test_unit_stage_on_the_committed_registry_passes():
 def test_unit_stage_classifies_failures_and_sets_the_exit_code(tmp_path):
     path = str(tmp_path / "bad.sqlite")
     good = {"args": [{"T": "float32", "size": [3], "stride": [1], "offset": 0, "dev": "neuron"}], "kwargs": {}}
-    complex_input = {"args": [{"T": "complex64", "size": [3], "stride": [1], "offset": 0, "dev": "neuron"}],
+    complex_input = {"args": [{"T": "complex32", "size": [3], "stride": [1], "offset": 0, "dev": "neuron"}],
                      "kwargs": {}}
     bad_shapes = {"args": [{"T": "float32", "size": [2, 3], "stride": [3, 1], "offset": 0, "dev": "neuron"},
                            {"T": "float32", "size": [4, 5], "stride": [5, 1], "offset": 0, "dev": "neuron"}],
                   "kwargs": {}}
     registry.merge_counts(path, {
         ("aten.neg.default", json.dumps(good), "m"): 1,
-        ("aten.neg.default", json.dumps(complex_input), "m"): 1,  # no complex dtypes on neuron
+        ("aten.neg.default", json.dumps(complex_input), "m"): 1,  # no complex32 on neuron
         ("aten.mm.default", json.dumps(bad_shapes), "m"): 1,  # CPU rejects it too
     })
     status = {json.loads(r.sig)["args"][0]["T"] + r.op: r.status for r in unit.run(path)}
-    assert status == {"float32aten.neg.default": "pass", "complex64aten.neg.default": "error",
+    assert status == {"float32aten.neg.default": "pass", "complex32aten.neg.default": "error",
                       "float32aten.mm.default": "invalid"}
 
     class Args:

@@ -23,6 +23,8 @@ SUPPORTED_DTYPES = (
     torch.int64,
     torch.uint8,
     torch.bool,
+    torch.complex64,
+    torch.complex128,
 )
 
 _registered = False

@@ -21,7 +21,7 @@ from .. import _C, config, trace
 from .. import runtime
 from ..lowering import NotCompilable
 from ..eval import registry as shape_registry
-from . import cached_launch, eager, host_fallback, stats, warm_start
+from . import cached_launch, eager, host_fallback, math_bits, stats, warm_start
 from .op_info import METADATA_OPS, op_info
 
 _NEURON = "neuron"
@@ -139,6 +139,10 @@ def _dispatch_quietly(op, args, kwargs):
 def dispatch(op, *args, **kwargs):
     if trace.sink is not None and not _quiet.on:
         return _dispatch_quietly(op, args, kwargs)
+    if op in math_bits.OPS:
+        result = math_bits.resolve(op, args, kwargs)
+        if result is not math_bits.UNCHANGED:
+            return result
     if not unusable_reason and config.settings.execution == "compile" and shape_registry._recorder is None:
         if recording is not None:
             result = recording.record(op, args, kwargs)

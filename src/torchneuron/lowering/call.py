@@ -157,6 +157,8 @@ def signature_of(op, info, args, kwargs, params=None) -> CallSignature:
                 ints.append(v)
                 return IRef(len(ints) - 1)
             return v
+        if t is complex:
+            return ("complex", v)  # a constant: executables take no complex scalars
         if t is list or t is tuple:
             return Seq(t.__name__, tuple(leaf(x, param) for x in v))
         if v is None or t is bool or t is str or isinstance(v, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
@@ -235,7 +237,7 @@ def rebuild(s, tensors, floats, ints, device):
     if isinstance(s, Seq):
         items = [rebuild(x, tensors, floats, ints, device) for x in s.items]
         return items if s.kind == "list" else tuple(items)
-    if type(s) is tuple and len(s) == 2 and s[0] == "float":
+    if type(s) is tuple and len(s) == 2 and (s[0] == "float" or s[0] == "complex"):
         return s[1]
     if isinstance(s, torch.device) and s.type == "neuron":
         return device

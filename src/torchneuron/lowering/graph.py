@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import trace
-from . import index_checks
+from . import complex_pairs, index_checks
 from .aliasing import InPlaceHazard, hazardous_inputs
 from .call import CallSignature, NotCompilable, numbers_as_tensors, rebuild
 from .carriers import as_integer, carrier_dtypes
@@ -354,6 +354,13 @@ def export_to_mlir(module: torch.nn.Module, examples: list, dynamic_shapes=None)
                 program = program.run_decompositions(decomposition_table())
         except Exception as e:  # noqa: BLE001 - export raises many kinds; all mean "not this way"
             raise NotCompilable(f"export failed: {type(e).__name__}: {str(e)[:300]}") from None
+        if complex_pairs.graph_has_complex(program.graph_module):
+            try:
+                complex_pairs.to_real_pairs(program.graph_module)
+            except NotCompilable:
+                raise
+            except Exception as e:  # noqa: BLE001 - a rule that does not fit this call
+                raise NotCompilable(f"complex values as pairs of reals: {type(e).__name__}: {str(e)[:300]}") from None
         hazards = hazardous_inputs(program)
         if hazards:
             raise InPlaceHazard(hazards)

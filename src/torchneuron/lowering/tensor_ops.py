@@ -49,7 +49,7 @@ def hypot(a, b):
 
 def angle(x):
     if x.dtype.is_complex:
-        raise NotImplementedError("complex angle")
+        return torch.atan2(x.imag, x.real)
     dtype = x.dtype if x.dtype.is_floating_point else torch.get_default_dtype()
     x = x.to(dtype)
     out = torch.where(x < 0, torch.full_like(x, math.pi), torch.zeros_like(x))

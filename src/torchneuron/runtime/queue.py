@@ -59,6 +59,7 @@ def _init_types():
         torch.float32: E.FLOAT_32, torch.float16: E.FLOAT_16, torch.bfloat16: E.BFLOAT_16,
         torch.float64: E.FLOAT_64, torch.int8: E.SINT_8, torch.int16: E.SINT_16,
         torch.int32: E.SINT_32, torch.int64: E.SINT_64, torch.uint8: E.UINT_8, torch.bool: E.BOOL_8,
+        torch.complex64: E.COMPLEX_64, torch.complex128: E.COMPLEX_128,
         # The carrier of 8-bit integers an executable writes (lowering/carriers.py).
         torch.float8_e4m3fn: E.FLOAT_8_E4M3_FN,
     }
