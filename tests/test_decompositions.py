@@ -85,3 +85,17 @@ def test_a_number_in_the_self_slot_also_runs_on_the_host_fallback():
     finally:
         torchneuron.config.set(execution="compile")
     torch.testing.assert_close(actual, torch.special.zeta(2.0, x))
+
+
+@pytest.mark.parametrize("activation", [F.silu, F.mish], ids=["silu", "mish"])
+def test_activation_backward_with_a_composite_kernel_compiles(activation):
+    """silu_backward and mish_backward have a CPU kernel and a composite one:
+    they reach the backend whole and torch.export keeps them whole."""
+    x = torch.randn(3, 7)
+    xn = x.to("neuron").requires_grad_()
+    before = torchneuron.fallback_ops()
+    activation(xn).sum().backward()
+    xc = x.clone().requires_grad_()
+    activation(xc).sum().backward()
+    torch.testing.assert_close(xn.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-6)
+    assert torchneuron.fallback_ops() == before

@@ -183,7 +183,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("conformance", help="run PyTorch's OpInfo samples on neuron and CPU and compare")
     p.add_argument("--ops", nargs="*", help="OpInfo names (default: all)")
     p.add_argument("--ci", action="store_true", help="the fixed subset of ops models use most")
-    p.add_argument("--dtypes", nargs="*", default=["float32"], help="float32 bfloat16 float16 int64 bool")
+    p.add_argument("--dtypes", nargs="*", default=["float32"], help="float32 bfloat16 float16 int64 bool complex64")
     p.add_argument("--max-samples", type=int, default=3)
     p.add_argument("--json", default="docs/conformance.json")
     p.add_argument("--markdown", default="docs/conformance.md")

@@ -43,6 +43,7 @@ DTYPES = {
     "float16": torch.float16,
     "int64": torch.int64,
     "bool": torch.bool,
+    "complex64": torch.complex64,
 }
 
 # Device-vs-CPU (rtol, atol). float16/bfloat16: the larger of assert_close's
@@ -53,6 +54,7 @@ DTYPES = {
 # tanh approximations) are not CPU's.
 TOLERANCES = {
     torch.float32: (1e-4, 1e-4),
+    torch.complex64: (1e-4, 1e-4),  # on the real and imaginary parts, as float32
     torch.float16: (1e-3, 1e-3),
     torch.bfloat16: (1.6e-2, 1e-3),
 }

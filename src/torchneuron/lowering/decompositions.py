@@ -252,6 +252,12 @@ def direct_decompositions() -> dict:
     table.update(tensor_ops.direct_rewrites())
     for op in (torch.ops.aten.native_batch_norm.default, torch.ops.aten._batch_norm_with_update.default):
         table[op] = _batch_norm_as_cpu(op)
+    # Ops with a CPU kernel and a composite one reach the backend whole, and
+    # torch.export keeps them whole, which torch-mlir does not lower: trace
+    # PyTorch's decomposition instead (the upsamplings and batch norm have
+    # their own above).
+    for op in (torch.ops.aten.silu_backward.default, torch.ops.aten.mish_backward.default):
+        table.setdefault(op, _all_decompositions[op])
     return table
 
 
