@@ -223,8 +223,17 @@ def _convolution_backward_overrideable(grad, input, weight, stride, padding, dil
     return _run_on_host(op, op_info(op), args, {}, grad.device, "a convolution backward the compiler declined")
 
 
+def _convolution_overrideable(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """What PyTorch's generic convolution calls on a backend without its own
+    kernel, after the compiler declined the convolution: the host runs it."""
+    op = torch.ops.aten.convolution.default
+    args = (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    return _run_on_host(op, op_info(op), args, {}, input.device, "a convolution the compiler declined")
+
+
 # Ops that are better expressed through other device ops than compiled whole.
 _REWRITES = {
+    "aten.convolution_overrideable.default": _convolution_overrideable,
     "aten.equal.default": _equal,
     "aten.convolution_backward_overrideable.default": _convolution_backward_overrideable,
 }

@@ -34,6 +34,10 @@ def tensor_leaves(value) -> list:
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """The tensor's elements as raw bytes, on the host (NaNs and -0.0 compare by bits)."""
     t = t.detach()
+    if t.is_conj():
+        t = t.conj()  # the memory behind a conjugate view, without the bit
+    if t.is_neg():
+        t = torch._neg_view(t)
     if t.device.type != "cpu":
         t = t.cpu()
     return t.contiguous().reshape(-1).view(torch.uint8).clone()

@@ -118,6 +118,30 @@ class _Builder:
     def abs_squared(self, p):
         return self.op(aten.sum.dim_IntList, self.op(aten.mul.Tensor, p, p), [-1])
 
+    def magnitude(self, p):
+        """|z| without overflow or underflow in the squares (as C's hypot):
+        big * sqrt(1 + (small/big)^2); infinite if either part is, else NaN
+        if either part is."""
+        a, c = self.op(aten.abs.default, self.re(p)), self.op(aten.abs.default, self.im(p))
+        big, small = self.op(aten.maximum.default, a, c), self.op(aten.minimum.default, a, c)
+        ratio = self.op(aten.div.Tensor, small, big)
+        r = self.op(aten.mul.Tensor, big, self.op(aten.sqrt.default,
+                                                  self.op(aten.add.Tensor, self.op(aten.mul.Tensor, ratio, ratio), 1)))
+        r = self.op(aten.where.self, self.op(aten.eq.Scalar, big, 0), self.op(aten.zeros_like.default, r), r)
+        # NaN unless a part is infinite (IREE's maximum does not propagate NaN)
+        unknown = self.op(aten.logical_or.default, self.op(aten.isnan.default, a), self.op(aten.isnan.default, c))
+        r = self.op(aten.where.self, unknown, self.op(aten.full_like.default, r, math.nan), r)
+        infinite = self.op(aten.logical_or.default, self.op(aten.isinf.default, a), self.op(aten.isinf.default, c))
+        return self.op(aten.where.self, infinite, self.op(aten.full_like.default, r, math.inf), r)
+
+    def quotient(self, x, y):
+        """x / y, with y scaled by its larger part first so that its squared
+        magnitude neither overflows nor underflows (as CPU's kernels do)."""
+        scale = self.op(aten.amax.default, self.op(aten.abs.default, y), [-1], True)
+        ys = self.op(aten.div.Tensor, y, scale)
+        denominator = self.op(aten.mul.Tensor, self.op(aten.unsqueeze.default, self.abs_squared(ys), -1), scale)
+        return self.op(aten.div.Tensor, self.product(x, self.conj(ys)), denominator)
+
     def conj(self, p):
         return self.op(aten.mul.Tensor, p, self.sign_vector(p.meta["val"].dtype))
 
@@ -131,7 +155,7 @@ class _Builder:
         )
 
     def magnitude_angle(self, p):
-        r = self.op(aten.sqrt.default, self.abs_squared(p))
+        r = self.magnitude(p)
         theta = self.op(aten.atan2.default, self.im(p), self.re(p))
         return r, theta
 
@@ -142,7 +166,10 @@ def _rank(node) -> int:
 
 def _dim(d: int, rank: int) -> int:
     """A logical dim of a complex tensor, non-negative (the pair's trailing
-    dim stays last, so negative dims would shift)."""
+    dim stays last, so negative dims would shift). A 0-dim tensor's dim 0 or
+    -1 names no dim of the pair."""
+    if rank == 0:
+        raise NotCompilable("a dim argument of a 0-dim complex tensor")
     return d + rank if d < 0 else d
 
 
@@ -198,15 +225,13 @@ def _div(b, node):
     x, y = node.args
     if not _is_complex(y):
         return b.op(aten.div.Tensor, b.pair(x, dt), b.real_operand(y, dt))
-    py = b.pair(y, dt)
-    numerator = b.product(b.pair(x, dt), b.conj(py))
-    return b.op(aten.div.Tensor, numerator, b.op(aten.unsqueeze.default, b.abs_squared(py), -1))
+    return b.quotient(b.pair(x, dt), b.pair(y, dt))
 
 
 @_rule(aten.reciprocal.default)
 def _reciprocal(b, node):
-    p = b.pair(node.args[0], _out_dtype(node))
-    return b.op(aten.div.Tensor, b.conj(p), b.op(aten.unsqueeze.default, b.abs_squared(p), -1))
+    dt = _out_dtype(node)
+    return b.quotient(b.pair(1.0, dt), b.pair(node.args[0], dt))
 
 
 @_rule(aten.neg.default, aten._neg_view.default)
@@ -227,7 +252,7 @@ def _same(b, node):
 
 @_rule(aten.abs.default)
 def _abs(b, node):
-    return b.op(aten.sqrt.default, b.abs_squared(b.pair(node.args[0], _out_dtype(node))))
+    return b.magnitude(b.pair(node.args[0], _out_dtype(node)))
 
 
 @_rule(aten.angle.default)
@@ -239,7 +264,7 @@ def _angle(b, node):
 @_rule(aten.sgn.default)
 def _sgn(b, node):
     p = b.pair(node.args[0], _out_dtype(node))
-    r = b.op(aten.unsqueeze.default, b.op(aten.sqrt.default, b.abs_squared(p)), -1)
+    r = b.op(aten.unsqueeze.default, b.magnitude(p), -1)
     unit = b.op(aten.div.Tensor, p, r)
     return b.op(aten.where.self, b.op(aten.eq.Scalar, r, 0), b.op(aten.zeros_like.default, p), unit)
 
@@ -420,8 +445,6 @@ _RULES[aten.slice.Tensor] = _shape_rule(
 _RULES[aten.narrow.default] = _shape_rule(aten.narrow.default, lambda n, r: ([_dim(n.args[1], r), *n.args[2:]], {}))
 _RULES[aten.flip.default] = _shape_rule(aten.flip.default, lambda n, r: ([[_dim(d, r) for d in n.args[1]]], {}))
 _RULES[aten.repeat.default] = _shape_rule(aten.repeat.default, lambda n, r: ([list(n.args[1]) + [1]], {}))
-_RULES[aten.constant_pad_nd.default] = _shape_rule(
-    aten.constant_pad_nd.default, lambda n, r: ([[0, 0] + list(n.args[1])], {}))
 _RULES[aten.index_select.default] = _shape_rule(
     aten.index_select.default, lambda n, r: ([_dim(n.args[1], r), n.args[2]], {}))
 _RULES[aten.index.Tensor] = _shape_rule(aten.index.Tensor, lambda n, r: ([n.args[1]], {}))
@@ -448,6 +471,15 @@ def _roll(b, node):
         rolled = b.op(aten.roll.default, flat, shifts, [0])
         return b.op(aten.reshape.default, rolled, _sizes(node.meta["val"].shape))
     return b.op(aten.roll.default, p, shifts, [_dim(d, _rank(x)) for d in dims])
+
+
+@_rule(aten.constant_pad_nd.default)
+def _pad(b, node):
+    x, pad = node.args[:2]
+    value = complex(node.args[2] if len(node.args) > 2 else 0)
+    p = b.pair(x, _out_dtype(node))
+    return b.pair_of(b.op(aten.constant_pad_nd.default, b.re(p), pad, value.real),
+                     b.op(aten.constant_pad_nd.default, b.im(p), pad, value.imag))
 
 
 @_rule(aten.cat.default, aten.stack.default)
@@ -497,6 +529,8 @@ def _sum(b, node):
     dt = _out_dtype(node)
     p = b.pair(x, dt)
     keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    if _rank(x) == 0:
+        return p  # any dim of a 0-dim tensor reduces nothing
     dims = _reduce_dims(node, x) if node.target in (aten.sum.dim_IntList, aten.mean.dim) else list(range(_rank(x)))
     if not dims:
         return p

@@ -104,6 +104,8 @@ MAX_SCAN = 1024
 def logcumsumexp(x, dim):
     """A masked logsumexp over each prefix (n x n): exact where a running
     max-shift would underflow the small terms to -inf."""
+    if x.dtype.is_complex:
+        raise NotImplementedError("complex logcumsumexp")
     if x.dim() == 0:
         return x.clone()
     n = x.shape[dim]
@@ -192,8 +194,75 @@ def _empty_inner(op):
     return decompose
 
 
+def _exact_extent(x, weight, stride, padding, dilation, transposed):
+    """For a strided convolution whose last window stops short of the padded
+    input's end (a 2x2 input, 3x3 kernel, padding 1, stride 2), which fails
+    to compile (torch-mlir infers the padded size one way and linalg
+    another): (padded sizes, the extent the windows cover, per-dim params),
+    or None when the convolution is not such a one."""
+    n = x.dim() - 2
+    if transposed or n < 1:
+        return None
+
+    def per_dim(values):
+        values = list(values)
+        return values * n if len(values) == 1 else values
+
+    stride, padding, dilation = per_dim(stride), per_dim(padding), per_dim(dilation)
+    sizes = [x.shape[2 + i] + 2 * padding[i] for i in range(n)]
+    reach = [dilation[i] * (weight.shape[2 + i] - 1) + 1 for i in range(n)]
+    covered = [(sizes[i] - reach[i]) // stride[i] * stride[i] + reach[i] for i in range(n)]
+    if covered == sizes or any(c <= 0 for c in covered):
+        return None
+    return sizes, covered, stride, padding, dilation
+
+
+def _padded_and_cut(x, padding, covered):
+    """x padded explicitly and cut to the extent the windows cover."""
+    pads = []
+    for p in reversed(padding):
+        pads += [p, p]
+    x = torch.nn.functional.pad(x, pads)
+    for i, c in enumerate(covered):
+        x = x.narrow(2 + i, 0, c)
+    return x
+
+
+def _convolution_exact_extent(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    exact = _exact_extent(x, weight, stride, padding, dilation, transposed)
+    if exact is None:
+        return aten.convolution.default(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    _, covered, stride, padding, dilation = exact
+    return aten.convolution.default(_padded_and_cut(x, padding, covered), weight, bias, stride, [0] * len(covered),
+                                    dilation, transposed, output_padding, groups)
+
+
+def _convolution_backward_exact_extent(grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
+                                       output_padding, groups, output_mask):
+    op = aten.convolution_backward.default
+    exact = _exact_extent(x, weight, stride, padding, dilation, transposed)
+    if exact is None:
+        return op(grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+                  output_mask)
+    sizes, covered, stride, padding, dilation = exact
+    n = len(covered)
+    grad_input, grad_weight, grad_bias = op(grad, _padded_and_cut(x, padding, covered), weight, bias_sizes, stride,
+                                            [0] * n, dilation, transposed, output_padding, groups, output_mask)
+    if grad_input is not None:
+        # back to the padded size (the uncovered end got no gradient), then the input's part of it
+        pads = []
+        for i in reversed(range(n)):
+            pads += [0, sizes[i] - covered[i]]
+        grad_input = torch.nn.functional.pad(grad_input, pads)
+        for i in range(n):
+            grad_input = grad_input.narrow(2 + i, padding[i], x.shape[2 + i])
+    return grad_input, grad_weight, grad_bias
+
+
 def direct_rewrites() -> dict:
     return {
+        aten.convolution.default: _convolution_exact_extent,
+        aten.convolution_backward.default: _convolution_backward_exact_extent,
         aten.adaptive_max_pool2d.default: adaptive_max_pool2d,
         aten.cumprod.default: cumprod,
         aten.mm.default: _empty_inner(aten.mm.default),
