@@ -74,15 +74,52 @@ def test_registry_cli_merge_stats_export(tmp_path, capsys):
     assert {(r["op"], r["count"]) for r in lines} == {("aten.exp.default", 2), ("aten.cos.default", 1)}
 
 
-def test_unit_stage_on_the_committed_registry_passes():
-    """What CI runs: every signature the demo model dispatches, regenerated
-    with random inputs and compared against CPU."""
-    assert os.path.exists(stages.DEFAULT_REGISTRY)
-    results = unit.run(stages.DEFAULT_REGISTRY)
+def _unit_failures(cases):
+    results = []
+    for op, sig, _, _ in cases:
+        results.append(unit.run_case(op, sig))
     counts = unit.summarize(results)
+    return counts, [(r.op, r.status, r.detail) for r in results if r.status in ("error", "mismatch")]
+
+
+def test_unit_stage_on_the_demo_registry_passes():
+    """Every signature the demo model dispatches, regenerated with random
+    inputs and compared against CPU."""
+    counts, failed = _unit_failures(registry.rows(stages.DEMO_REGISTRY))
     assert counts.get("pass", 0) >= 100, counts
-    failed = [(r.op, r.status, r.detail) for r in results if r.status in ("error", "mismatch")]
     assert failed == []
+
+
+def test_unit_stage_on_a_sample_of_the_census_registry_passes():
+    """What CI runs of the census's registry (every model's signatures): 1000
+    of them, spread over its ops; `torchneuron eval --stage unit` runs all."""
+    assert stages.DEFAULT_REGISTRY == stages.CENSUS_REGISTRY
+    found = registry.rows(stages.CENSUS_REGISTRY)
+    assert len({m for _, _, _, models in found for m in models}) >= 300
+    sample = registry.sample(found, 1000)
+    assert len(sample) == 1000 and {op for op, _, _, _ in sample} == {op for op, _, _, _ in found}
+    counts, failed = _unit_failures(sample)
+    assert counts.get("pass", 0) >= 800, counts
+    assert failed == []
+
+
+def test_a_sample_spreads_over_ops_and_is_the_same_every_time():
+    found = [("a", f"s{i}", 1, ["m"]) for i in range(5)] + [("b", "s0", 1, ["m"]), ("c", "s0", 1, ["m"])]
+    assert registry.sample(found, 4) == [("a", "s0", 1, ["m"]), ("a", "s1", 1, ["m"]),
+                                         ("b", "s0", 1, ["m"]), ("c", "s0", 1, ["m"])]
+    assert registry.sample(found, 100) == sorted(found)
+
+
+def test_the_census_records_each_models_signatures_and_a_rerun_replaces_them(tmp_path):
+    from torchneuron.eval import census
+
+    results, path = str(tmp_path / "results.jsonl"), str(tmp_path / "census.parquet")
+    census.run_census(results, ["host"], models=["bert", "gpt2"], jobs=2, record=path)
+    first = registry.rows(path)
+    assert {m for _, _, _, models in first for m in models} == {"bert", "gpt2"}
+    assert {"aten.addmm.default", "aten.embedding.default"} <= {op for op, _, _, _ in first}
+    census.run_census(results, ["host"], models=["bert"], record=path, resume=False)
+    assert registry.rows(path) == first  # bert's rows replaced, not counted twice
 
 
 def test_unit_stage_classifies_failures_and_sets_the_exit_code(tmp_path):

@@ -239,6 +239,11 @@ def main(argv=None) -> int:
                    help="execution modes to run models in (model stages); torch_compile: each model forward "
                         "and backward under torch.compile(backend=\"neuron\")")
     p.add_argument("--models", nargs="*", help="only these model types (model stages)")
+    p.add_argument("--record", default=None,
+                   help="record every model's op signatures into this shape registry (.sqlite or .parquet; "
+                        "model stages; a model run again replaces its rows)")
+    p.add_argument("--sample", type=int, default=None,
+                   help="unit stage: at most this many signatures, spread over ops (the same ones every run)")
     p.add_argument("--limit", type=int, default=None, help="at most this many models")
     p.add_argument("--jobs", type=int, default=1, help="models run in parallel worker processes")
     p.add_argument("--models-per-process", type=int, default=1,

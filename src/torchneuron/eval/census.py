@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -173,10 +174,22 @@ def build(model_type: str, cls_name: str, variant: dict | None = None):
         model = model_cls(config)
     except Exception as e:  # noqa: BLE001 - every way a build can fail is a reason, not a crash
         raise NotBuildable(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}") from None
+    _without_sampling_noise(model)
     n = sum(p.numel() for p in model.parameters())
     if n > MAX_PARAMETERS:
         raise NotBuildable(f"too large for a tiny census model ({n / 1e6:.0f}M parameters)")
     return model.eval(), config
+
+
+def _without_sampling_noise(model) -> None:
+    """Models that sample in eval mode (VITS: noise_scale, noise_scale_duration)
+    draw some numbers from CPU tensors and some from the device's generator, so
+    device and CPU runs draw different noise, as on CUDA. The census compares
+    the deterministic part: every noise scale the model exposes is set to 0."""
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if name.startswith("noise_scale") and isinstance(value, float):
+                setattr(module, name, 0.0)
 
 
 def inputs_for(model, config) -> dict:
@@ -323,7 +336,7 @@ def _error_class(e: BaseException) -> str:
     return f"{type(e).__name__}: {first[:160]}"
 
 
-def run_one(model_type: str, cls_name: str, head: str, modes: list) -> dict:
+def run_one(model_type: str, cls_name: str, head: str, modes: list, record: str | None = None) -> dict:
     """Build, classify and run one architecture in this process."""
     import torch
 
@@ -365,7 +378,7 @@ def run_one(model_type: str, cls_name: str, head: str, modes: list) -> dict:
         entry = {}
         if compiled:
             torch._dynamo.reset()
-        recorder = registry.Recorder(os.devnull, model_type)
+        recorder = registry.Recorder(record or os.devnull, model_type)
         registry._recorder = recorder
         try:
             out, grads = _run(model, inputs, "neuron", False, compiled)
@@ -391,6 +404,8 @@ def run_one(model_type: str, cls_name: str, head: str, modes: list) -> dict:
             model.to("cpu")
         ops.update(op for op, _, _ in recorder.counts)
         entry["signatures"] = len(recorder.counts)
+        if record:
+            recorder.flush()
         if mode == "compile":
             entry["host_fallback_ops"] = sorted(torchneuron.fallback_ops())
         if compiled:
@@ -417,12 +432,22 @@ def load_results(path: str) -> dict:
 
 
 def run_census(out_path: str, modes: list, models=None, jobs: int = 1, timeout: float = 600.0,
-               resume: bool = True, on_result=None, per_process: int = 1) -> dict:
+               resume: bool = True, on_result=None, per_process: int = 1, record: str | None = None) -> dict:
     """Run every architecture (or `models`) in worker processes, `per_process`
     models one after another in each (a model's leftovers then meet the next
     one, as in a program that builds several); append each result to
-    out_path as it finishes. Returns {model: result}."""
+    out_path as it finishes. `record`: a shape registry (.sqlite or .parquet)
+    that every model's op signatures go into (each worker records into a file
+    of its own, merged as it finishes; a model run again replaces its rows).
+    Returns {model: result}."""
+    import tempfile
+
     from torchneuron import config
+
+    from . import registry
+
+    record_path = record
+    parts = tempfile.mkdtemp(prefix="torchneuron-census-registry-") if record_path else None
 
     done = load_results(out_path) if resume else {}
     todo = [a for a in architectures() if (models is None or a[0] in models) and a[0] not in done]
@@ -430,7 +455,7 @@ def run_census(out_path: str, modes: list, models=None, jobs: int = 1, timeout: 
     running: list = []
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     with open(out_path, "a") as sink:
-        def record(result, started):
+        def keep(result, started):
             result["seconds"] = round(time.monotonic() - started, 1)
             sink.write(json.dumps(result) + "\n")
             sink.flush()
@@ -443,12 +468,15 @@ def run_census(out_path: str, modes: list, models=None, jobs: int = 1, timeout: 
                 batch = batches.pop(0)
                 cmd = [sys.executable, "-m", "torchneuron.eval.census", "--worker",
                        *[x for arch in batch for x in arch], "--modes", *modes]
+                part = os.path.join(parts, f"{batch[0][0]}.sqlite") if record_path else None
+                if part:
+                    cmd += ["--record", part]
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                         env=dict(os.environ, TORCHNEURON_DEVICE_COUNT="1", PYTHONWARNINGS="ignore"))
-                running.append((proc, batch, time.monotonic()))
+                running.append((proc, batch, time.monotonic(), part))
             time.sleep(0.1)
             for item in list(running):
-                proc, batch, started = item
+                proc, batch, started, part = item
                 if proc.poll() is None and time.monotonic() - started < timeout * len(batch):
                     continue
                 running.remove(item)
@@ -472,7 +500,12 @@ def run_census(out_path: str, modes: list, models=None, jobs: int = 1, timeout: 
                         if len(batch) > 1:
                             result["models_in_process"] = [a[0] for a in batch]
                         result["check_memory"] = config.settings.check_memory
-                    record(result, started)
+                    keep(result, started)
+                if part and os.path.exists(part):
+                    registry.replace_models(record_path, [part])
+                    os.remove(part)
+    if parts:
+        shutil.rmtree(parts, ignore_errors=True)
     return done
 
 
@@ -489,7 +522,7 @@ def _worker(argv) -> int:
     batch = [argv.worker[i:i + 3] for i in range(0, len(argv.worker), 3)]
     for model_type, cls_name, head in batch:
         try:
-            result = run_one(model_type, cls_name, head, argv.modes)
+            result = run_one(model_type, cls_name, head, argv.modes, argv.record)
         except Exception as e:  # noqa: BLE001 - reported, never fatal to the census
             result = {"model": model_type, "class": cls_name, "head": head, "status": "crash",
                       "reason": _error_class(e), "trace": traceback.format_exc()[-1500:]}
@@ -505,4 +538,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", nargs="+", metavar="TYPE CLASS HEAD", help="one or more model triples")
     parser.add_argument("--modes", nargs="+", default=["compile"], choices=MODES)
+    parser.add_argument("--record", default=None, help="a shape registry this worker records into")
     raise SystemExit(_worker(parser.parse_args()))

@@ -34,10 +34,13 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _tensor(t: torch.Tensor) -> dict:
+def _tensor(t: torch.Tensor, written: bool = False) -> dict:
     d = {"T": _dtype_name(t.dtype), "size": list(t.shape), "stride": list(t.stride()),
          "offset": t.storage_offset(), "dev": t.device.type}
-    if (not t.dtype.is_floating_point and not t.dtype.is_complex) and t.numel():
+    # The values of a tensor the op writes may be uninitialized memory (a
+    # copy_ into torch.empty): a range of them would make signatures differ
+    # from run to run.
+    if (not t.dtype.is_floating_point and not t.dtype.is_complex) and t.numel() and not written:
         d["range"] = _value_range(t)
     return d
 
@@ -55,10 +58,10 @@ def _value_range(t: torch.Tensor) -> list:
     return [int(t.min()), int(t.max())]
 
 
-def encode(value):
-    """A JSON-able description of one argument."""
+def encode(value, written: bool = False):
+    """A JSON-able description of one argument (`written`: the op writes it)."""
     if isinstance(value, torch.Tensor):
-        return _tensor(value)
+        return _tensor(value, written)
     if isinstance(value, bool) or value is None or isinstance(value, int):
         return value
     if isinstance(value, float):
@@ -66,9 +69,9 @@ def encode(value):
     if isinstance(value, str):
         return {"s": value}
     if isinstance(value, list):
-        return {"L": [encode(v) for v in value]}
+        return {"L": [encode(v, written) for v in value]}
     if isinstance(value, tuple):
-        return {"U": [encode(v) for v in value]}
+        return {"U": [encode(v, written) for v in value]}
     if isinstance(value, torch.dtype):
         return {"dtype": _dtype_name(value)}
     if isinstance(value, torch.device):
@@ -80,9 +83,30 @@ def encode(value):
     return {"other": type(value).__name__}
 
 
-def signature_text(args, kwargs) -> str:
-    return json.dumps({"args": [encode(a) for a in args], "kwargs": {k: encode(v) for k, v in kwargs.items()}},
+def signature_text(args, kwargs, written=frozenset()) -> str:
+    """`written`: positions and names of the arguments the op writes."""
+    return json.dumps({"args": [encode(a, i in written) for i, a in enumerate(args)],
+                       "kwargs": {k: encode(v, k in written) for k, v in kwargs.items()}},
                       sort_keys=True, separators=(",", ":"))
+
+
+_written_cache: dict = {}
+
+
+def written_arguments(op_name: str) -> frozenset:
+    """Positions and names of the arguments an op writes ("aten.copy_.default": {0, "self"})."""
+    found = _written_cache.get(op_name)
+    if found is None:
+        found = frozenset()
+        try:
+            ns, name, overload = op_name.split(".", 2)
+            schema = getattr(getattr(getattr(torch.ops, ns), name), overload)._schema
+            found = frozenset(x for i, a in enumerate(schema.arguments)
+                              if a.alias_info is not None and a.alias_info.is_write for x in (i, a.name))
+        except (AttributeError, ValueError):
+            pass
+        _written_cache[op_name] = found
+    return found
 
 
 class Recorder:
@@ -100,7 +124,7 @@ class Recorder:
             return
         self._busy.on = True
         try:
-            key = (op_name, signature_text(args, kwargs), self.model)
+            key = (op_name, signature_text(args, kwargs, written_arguments(op_name)), self.model)
         finally:
             self._busy.on = False
         with self._lock:
@@ -150,8 +174,69 @@ def merge(out: str, sources: list) -> int:
     return n
 
 
+def replace_models(out: str, sources: list) -> int:
+    """Merge the source registries into out, first dropping out's rows of every
+    model the sources hold (a model run again replaces its signatures). A
+    `.parquet` out is read and written as Parquet. Returns signatures merged."""
+    counts: dict = {}
+    for src in sources:
+        counts.update({(op, sig, model): n for op, sig, n, model in _all_rows(src)})
+    models = {model for _, _, model in counts}
+    kept = {(op, sig, model): n for op, sig, n, model in (_all_rows(out) if os.path.exists(out) else [])
+            if model not in models}
+    kept.update(counts)
+    if out.endswith(".parquet"):
+        _write_parquet(out, kept)
+    else:
+        if os.path.exists(out):
+            os.remove(out)
+        merge_counts(out, kept)
+    return len(counts)
+
+
+def _all_rows(path: str) -> list:
+    """[(op, sig, count, model)], one per (signature, model)."""
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path).to_pydict()
+        return list(zip(table["op"], table["sig"], table["count"], table["model"]))
+    db = connect(path)
+    try:
+        return db.execute("SELECT op, sig, count, model FROM signatures").fetchall()
+    finally:
+        db.close()
+
+
+def _write_parquet(path: str, counts: dict) -> None:
+    """Sorted and dictionary-encoded: the same signature text under many
+    models is stored once, so the census's registry fits in the repository."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    items = sorted(counts.items())
+    table = pa.table({
+        "op": [op for (op, _, _), _ in items],
+        "sig": [sig for (_, sig, _), _ in items],
+        "model": [model for (_, _, model), _ in items],
+        "count": pa.array([n for _, n in items], pa.int64()),
+    })
+    tmp = path + ".tmp"
+    pq.write_table(table, tmp, compression="zstd", compression_level=19, use_dictionary=True)
+    os.replace(tmp, path)
+
+
 def rows(path: str, ops=None) -> list:
     """[(op, sig, total count, [models])] by op, then signature."""
+    if path.endswith(".parquet"):
+        grouped: dict = {}
+        for op, sig, n, model in _all_rows(path):
+            total, models = grouped.get((op, sig), (0, set()))
+            models.add(model)
+            grouped[(op, sig)] = (total + n, models)
+        wanted = set(ops) if ops else None
+        return [(op, sig, n, sorted(models)) for (op, sig), (n, models) in sorted(grouped.items())
+                if wanted is None or op in wanted]
     db = connect(path)
     try:
         found = db.execute(
@@ -162,6 +247,22 @@ def rows(path: str, ops=None) -> list:
     wanted = set(ops) if ops else None
     return [(op, sig, n, sorted(set(models.split("\x1f")))) for op, sig, n, models in found
             if wanted is None or op in wanted]
+
+
+def sample(found: list, n: int) -> list:
+    """At most n of the rows, spread over ops: every op's first signature,
+    then every op's second, and so on (the same sample on every run)."""
+    by_op: dict = {}
+    for row in found:
+        by_op.setdefault(row[0], []).append(row)
+    picked: list = []
+    depth = 0
+    while len(picked) < n and any(depth < len(v) for v in by_op.values()):
+        for op in sorted(by_op):
+            if depth < len(by_op[op]) and len(picked) < n:
+                picked.append(by_op[op][depth])
+        depth += 1
+    return sorted(picked, key=lambda r: (r[0], r[1]))
 
 
 def stats(path: str) -> dict:

@@ -16,7 +16,10 @@ import os
 import sys
 
 STAGES = ("unit", "representative", "full")
-DEFAULT_REGISTRY = os.path.join(os.path.dirname(__file__), "data", "demo_registry.sqlite")
+DEMO_REGISTRY = os.path.join(os.path.dirname(__file__), "data", "demo_registry.sqlite")
+# Every census model's op signatures (torchneuron eval --stage full --record ...).
+CENSUS_REGISTRY = os.path.join(os.path.dirname(__file__), "data", "census_registry.parquet")
+DEFAULT_REGISTRY = CENSUS_REGISTRY if os.path.exists(CENSUS_REGISTRY) else DEMO_REGISTRY
 
 
 def run(args) -> int:
@@ -50,6 +53,9 @@ def _unit(args) -> dict:
         print(f"unit: no registry at {path}", file=sys.stderr)
         return {"status": "unavailable", "reason": f"no registry at {path}"}
     cases = registry.rows(path, args.ops)
+    everything = len(cases)
+    if getattr(args, "sample", None):
+        cases = registry.sample(cases, args.sample)
     results = []
     with _progress(len(cases), "unit") as bar:
         for op, sig, _, models in cases:
@@ -59,7 +65,7 @@ def _unit(args) -> dict:
             bar.update(1)
     counts = unit.summarize(results)
     failed = [r for r in results if r.status in ("error", "mismatch")]
-    print(f"unit: {len(results)} signatures from {path}: "
+    print(f"unit: {len(results)} of {everything} signatures from {path}: "
           + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
     for r in failed:
         print(f"  {r.status}: {r.op} {r.sig[:160]}\n    {r.detail[:300]}")
@@ -96,7 +102,8 @@ def _models(stage: str):
             results = census.run_census(results_path, args.modes, models=models, jobs=args.jobs,
                                         timeout=args.timeout, resume=not args.fresh,
                                         on_result=lambda r: bar.update(1),
-                                        per_process=getattr(args, "models_per_process", 1))
+                                        per_process=getattr(args, "models_per_process", 1),
+                                        record=getattr(args, "record", None))
         if models is not None:
             results = {m: r for m, r in results.items() if m in set(models)}
         failures, known = [], []

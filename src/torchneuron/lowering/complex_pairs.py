@@ -300,18 +300,18 @@ def _pow(b, node):
 def _trig(b, node):
     p = b.pair(node.args[0], _out_dtype(node))
     x, y = b.re(p), b.im(p)
-    sin, cos, sinh, cosh = (b.op(f, v) for f, v in ((aten.sin.default, x), (aten.cos.default, x),
-                                                   (aten.sinh.default, y), (aten.cosh.default, y)))
-    if node.target in (aten.sinh.default, aten.cosh.default):
-        # sinh(x+iy) = sinh x cos y + i cosh x sin y; cosh(x+iy) = cosh x cos y + i sinh x sin y
-        sin, cos, sinh, cosh = (b.op(f, v) for f, v in ((aten.sin.default, y), (aten.cos.default, y),
-                                                       (aten.sinh.default, x), (aten.cosh.default, x)))
-        if node.target is aten.sinh.default:
-            return b.pair_of(b.op(aten.mul.Tensor, sinh, cos), b.op(aten.mul.Tensor, cosh, sin))
-        return b.pair_of(b.op(aten.mul.Tensor, cosh, cos), b.op(aten.mul.Tensor, sinh, sin))
-    if node.target is aten.sin.default:
-        return b.pair_of(b.op(aten.mul.Tensor, sin, cosh), b.op(aten.mul.Tensor, cos, sinh))
-    return b.pair_of(b.op(aten.mul.Tensor, cos, cosh), b.op(aten.neg.default, b.op(aten.mul.Tensor, sin, sinh)))
+
+    def mul(f, u, g, v):
+        return b.op(aten.mul.Tensor, b.op(f, u), b.op(g, v))
+
+    sin, cos, sinh, cosh = aten.sin.default, aten.cos.default, aten.sinh.default, aten.cosh.default
+    if node.target is sin:  # sin x cosh y + i cos x sinh y
+        return b.pair_of(mul(sin, x, cosh, y), mul(cos, x, sinh, y))
+    if node.target is cos:  # cos x cosh y - i sin x sinh y
+        return b.pair_of(mul(cos, x, cosh, y), b.op(aten.neg.default, mul(sin, x, sinh, y)))
+    if node.target is sinh:  # sinh x cos y + i cosh x sin y
+        return b.pair_of(mul(sinh, x, cos, y), mul(cosh, x, sin, y))
+    return b.pair_of(mul(cosh, x, cos, y), mul(sinh, x, sin, y))  # cosh x cos y + i sinh x sin y
 
 
 @_rule(aten.eq.Tensor, aten.ne.Tensor, aten.eq.Scalar, aten.ne.Scalar)
@@ -487,8 +487,8 @@ def _cat(b, node):
     dt = _out_dtype(node)
     tensors = node.args[0]
     dim = node.args[1] if len(node.args) > 1 else 0
-    rank = node.meta["val"].dim() if node.target is aten.cat.default else node.meta["val"].dim()
-    return b.op(node.target, [b.pair(t, dt) for t in tensors], _dim(dim, rank))
+    # (the output's rank: cat keeps its inputs' rank, stack's dim counts the new one)
+    return b.op(node.target, [b.pair(t, dt) for t in tensors], _dim(dim, node.meta["val"].dim()))
 
 
 @_rule(aten.split_with_sizes.default, aten.split.Tensor, aten.unbind.int)
