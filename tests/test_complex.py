@@ -198,3 +198,29 @@ def test_a_complex_op_without_a_rule_runs_on_the_host_and_is_recorded():
     got = torch.linalg.eigvals(z[:, :4])  # no compiled complex eigen solver
     torch.testing.assert_close(got.cpu(), torch.linalg.eigvals(A[:, :4]), rtol=1e-4, atol=1e-4)
     assert _on_host(before)
+
+
+@pytest.mark.parametrize("n", [3000, 4096 * 3])
+def test_long_ffts_split_into_shorter_ones(n):
+    """Past 1024 points one DFT matrix would be n^2 elements (12288: 1.2 GB):
+    the transform is split (four-step) into shorter ones, each compiled."""
+    x = torch.randn(2, n)
+    z = torch.randn(2, n, dtype=torch.complex64)
+    before = torchneuron.fallback_ops()
+    cases = [
+        (torch.fft.fft, z), (torch.fft.ifft, z), (torch.fft.rfft, x),
+        (lambda t: torch.fft.irfft(t, n=n), z[:, : n // 2 + 1]),
+    ]
+    for fn, arg in cases:
+        expected = fn(arg)
+        got = fn(arg.to("neuron")).cpu()
+        scale = expected.abs().max()
+        torch.testing.assert_close(got / scale, expected / scale, rtol=0, atol=2e-6)
+    assert _on_host(before) == {}
+
+
+def test_an_fft_with_a_long_prime_length_runs_on_the_host_and_is_recorded():
+    z = torch.randn(2053, dtype=torch.complex64)  # prime: no split, and 2053^2 is too big a matrix
+    before = torchneuron.fallback_ops()
+    torch.testing.assert_close(torch.fft.fft(z.to("neuron")).cpu(), torch.fft.fft(z))
+    assert _on_host(before) == {"aten._fft_c2c.default": 1}

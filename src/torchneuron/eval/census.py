@@ -29,6 +29,7 @@ _TINY = {
     "decoder_ffn_dim": 64, "d_ff": 64, "n_inner": 64, "vocab_size": 128, "max_position_embeddings": 64,
     "num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 16,
     "image_size": 32, "patch_size": 4,
+    "max_source_positions": 32,  # audio encoders' position tables: 64 mel frames after a stride-2 conv
 }
 _TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id", "cls_token_id")
 MAX_PARAMETERS = 20_000_000  # a "tiny" model above this is skipped (the shrinking missed a sub-module)
@@ -105,6 +106,91 @@ def _rotary_sections(cfg):
     rope["mrope_section"] = sections + [half - sum(sections)]
 
 
+_LAYER_TYPE_KEYS = ("layer_types", "layers_block_type", "block_types")
+_NOT_ATTENTION = ("linear", "recurrent", "mamba", "ssm", "conv", "rwkv", "moe", "mlp", "dense", "sparse")
+
+
+def _is_attention(kind) -> bool:
+    return isinstance(kind, str) and ("attention" in kind or kind == "hybrid") and not kind.startswith(_NOT_ATTENTION)
+
+
+def _keep_an_attention_layer(cfg) -> None:
+    """Hybrid models (Mamba, linear attention or recurrence with some attention
+    layers) list a type per layer, or the attention layers' indices; the tiny
+    depth may keep no attention layer, and their cache then fails. The last
+    tiny layer becomes an attention layer of the kind the model uses."""
+    n = next((v for v in (_read(cfg, k) for k in _LAYER_KEYS) if isinstance(v, int) and not isinstance(v, bool)), None)
+    if not n:
+        return
+    for key in ("attn_layer_indices", "attention_layer_indices", "hybrid_layer_ids"):
+        indices = _read(cfg, key)
+        if key in vars(cfg) and (indices is None or isinstance(indices, list)):
+            if not any(isinstance(i, int) and i < n for i in indices or []):
+                with contextlib.suppress(Exception):
+                    setattr(cfg, key, [n - 1])
+    for key in _LAYER_TYPE_KEYS:
+        kinds = _read(cfg, key)
+        if not (isinstance(kinds, list) and kinds and all(isinstance(k, str) for k in kinds)):
+            continue
+        head = (kinds * (n // len(kinds) + 1))[:n]
+        if any(_is_attention(k) for k in head):
+            continue
+        head[-1] = next((k for k in kinds if _is_attention(k)), "full_attention")
+        with contextlib.suppress(Exception):
+            setattr(cfg, key, head)
+
+
+_SSM_HEADS = (("mamba_n_heads", "mamba_d_head"), ("n_mamba_heads", "mamba_headdim"), ("num_heads", "head_dim"))
+
+
+def _ssm_heads(cfg) -> None:
+    """Mamba-2 mixers split expand * hidden_size into heads x head size: the
+    tiny sizes must multiply out (4 heads of expand * hidden / 4)."""
+    expand = _read(cfg, "mamba_expand") or _read(cfg, "expand")
+    hidden = _read(cfg, "hidden_size")
+    if not (isinstance(expand, int) and isinstance(hidden, int)):
+        return
+    inner = _read(cfg, "mamba_d_ssm")  # an explicit inner size, where the model has one
+    inner = inner if isinstance(inner, int) else expand * hidden
+    for heads_key, dim_key in _SSM_HEADS:
+        heads, dim = _read(cfg, heads_key), _read(cfg, dim_key)
+        if heads_key in vars(cfg) and dim_key in vars(cfg) and isinstance(heads, int):
+            if isinstance(dim, int) and heads * dim == inner:
+                break
+            with contextlib.suppress(Exception):
+                setattr(cfg, heads_key, 4)
+                setattr(cfg, dim_key, inner // 4)
+            for key in ("n_groups", "mamba_n_groups", "mamba_ngroups"):  # groups divide the heads
+                groups = _read(cfg, key)
+                if isinstance(groups, int) and 4 % groups:
+                    with contextlib.suppress(Exception):
+                        setattr(cfg, key, 1)
+            break
+
+
+_STAGE_LISTS = ("hidden_sizes", "depths", "num_heads", "embed_dims", "mlp_ratios", "strides", "sr_ratios",
+                "patch_sizes", "kernel_sizes", "layer_norms", "window_sizes")
+
+
+def _stages(cfg) -> None:
+    """Hierarchical vision backbones (Swin, ConvNeXt and kin) list sizes per
+    stage. Where the tiny depth cut the stages (num_stages, aliased to the
+    layer count), the per-stage lists are cut to match; per-stage head
+    counts become 2, which divides every stage width of a tiny embed_dim."""
+    stages = _read(cfg, "num_stages")
+    for key in _STAGE_LISTS:
+        value = _read(cfg, key)
+        if not (isinstance(value, (list, tuple)) and value):
+            continue
+        value = list(value)
+        if isinstance(stages, int) and not isinstance(stages, bool) and 0 < stages < len(value):
+            value = value[:stages]
+        if key == "num_heads" and all(isinstance(h, int) for h in value):
+            value = [2] * len(value)
+        with contextlib.suppress(Exception):
+            setattr(cfg, key, value)
+
+
 def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False, mla: bool = False):
     import transformers
 
@@ -135,6 +221,12 @@ def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False, mla: bool
             if isinstance(current, int) and not isinstance(current, bool):
                 with contextlib.suppress(Exception):
                     setattr(cfg, key, layers)
+    _ssm_heads(cfg)
+    _stages(cfg)
+    kinds = _read(cfg, "layer_types")
+    if isinstance(kinds, (list, tuple)) and "sliding_attention" in kinds and _read(cfg, "sliding_window") is None:
+        with contextlib.suppress(Exception):
+            cfg.sliding_window = 4  # sliding-window layers listed, their window unset: a tiny window
     if mrope:
         _rotary_sections(cfg)
     if mla:
@@ -160,18 +252,77 @@ def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False, mla: bool
     return cfg
 
 
+_WIDTH_KEYS = ("hidden_size", "d_model", "n_embd", "embed_dim", "dim")
+# Names of attributes that give a width of a layer (the hidden size of another part).
+_WIDTH_NAME = ("hidden", "embed", "d_model", "width", "_dim", "channels", "pooler")
+_NOT_WIDTH_NAME = ("head", "num", "max", "vocab", "patch", "image", "position", "rope", "rotary", "intermediate",
+                   "layers", "kernel", "window", "ffn", "mlp", "lora", "rank", "state", "conv", "feat", "mel")
+
+
+def _configs(cfg, depth=0):
+    import transformers
+
+    yield cfg
+    if depth < 3:
+        for value in list(vars(cfg).values()):
+            if isinstance(value, transformers.PretrainedConfig):
+                yield from _configs(value, depth + 1)
+
+
+def _widths(cfg) -> set:
+    """The hidden sizes of a default configuration and its sub-configurations."""
+    out = set()
+    for c in _configs(cfg):
+        for key in _WIDTH_KEYS:
+            value = _read(c, key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > _TINY["hidden_size"]:
+                out.add(value)
+    return out
+
+
+def _shrink_widths(cfg, widths: set) -> None:
+    """A sub-module sized by another part's hidden size names it in its own
+    attribute (a Q-Former's encoder_hidden_size, a decoder's
+    cross_attention_hidden_size, a projection_dim equal to the width): any
+    such width-named attribute still at a default hidden size (or twice one)
+    is shrunk to the tiny hidden size (or twice it) with it."""
+    for c in _configs(cfg):
+        for key, value in list(vars(c).items()):
+            name = key.lower()
+            if not (isinstance(value, int) and not isinstance(value, bool)
+                    and any(w in name for w in _WIDTH_NAME) and not any(w in name for w in _NOT_WIDTH_NAME)):
+                continue
+            for times in (1, 2):  # a width, or two widths concatenated (Zamba's attention input)
+                if value in {w * times for w in widths}:
+                    with contextlib.suppress(Exception):
+                        setattr(c, key, _TINY["hidden_size"] * times)
+                    break
+
+
 def build(model_type: str, cls_name: str, variant: dict | None = None):
     """(model, config) on CPU, eval mode, seeded; raises NotBuildable."""
     import torch
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
+    def construct(attention_layer: bool):
+        config = config_cls()
+        widths = _widths(config)
+        config = _shrink(config, **(variant or {}))
+        _shrink_widths(config, widths)
+        if attention_layer:
+            for c in _configs(config):
+                _keep_an_attention_layer(c)
+        torch.manual_seed(0)
+        return model_cls(config), config
+
     try:
         config_cls = getattr(transformers, CONFIG_MAPPING_NAMES[model_type])
         model_cls = getattr(transformers, cls_name)
-        config = _shrink(config_cls(), **(variant or {}))
-        torch.manual_seed(0)
-        model = model_cls(config)
+        try:
+            model, config = construct(True)
+        except Exception:  # noqa: BLE001 - some hybrids need more attention layers than one: as configured
+            model, config = construct(False)
     except Exception as e:  # noqa: BLE001 - every way a build can fail is a reason, not a crash
         raise NotBuildable(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}") from None
     _without_sampling_noise(model)
@@ -193,31 +344,11 @@ def _without_sampling_noise(model) -> None:
 
 
 def inputs_for(model, config) -> dict:
-    """Generic inputs by the model's main input; raises NotBuildable."""
-    import torch
+    """Generic inputs by the model's classes and configuration (rules in
+    census_inputs); raises NotBuildable."""
+    from torchneuron.eval import census_inputs
 
-    g = torch.Generator().manual_seed(1)
-    name = getattr(model, "main_input_name", "input_ids")
-    if name == "input_ids":
-        vocab = getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size", 100)
-        ids = torch.randint(3, max(4, min(int(vocab), 100)), (BATCH, SEQ), generator=g)
-        out = {"input_ids": ids}
-        if getattr(config, "is_encoder_decoder", False):
-            out["decoder_input_ids"] = ids[:, :4].clone()
-        return out
-    if name == "pixel_values":
-        channels = getattr(config, "num_channels", 3)
-        size = getattr(config, "image_size", 32)
-        size = size[0] if isinstance(size, (list, tuple)) else size
-        if not isinstance(channels, int) or not isinstance(size, int):
-            raise NotBuildable("no generic image input for this configuration")
-        return {"pixel_values": torch.randn(BATCH, channels, size, size, generator=g)}
-    if name == "input_values":
-        return {"input_values": torch.randn(BATCH, 1600, generator=g)}
-    if name == "input_features":
-        bins = getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", 80)
-        return {"input_features": torch.randn(BATCH, int(bins), 64, generator=g)}
-    raise NotBuildable(f"no generic input for main input {name!r}")
+    return census_inputs.inputs_for(model, config)
 
 
 def features(model, config, head: str, inputs: dict) -> dict:

@@ -615,17 +615,63 @@ def _restore(b, re, im, back, rank):
     return b.op(aten.permute.default, b.pair_of(re, im), back + [rank])
 
 
-def _c2c(b, p, d, rank, forward: bool):
-    n = p.meta["val"].shape[d]
-    dt = p.meta["val"].dtype
-    cos, sin = _dft_matrices(b, n, dt)
-    xr, xi, back = _last(b, p, d, rank)
+# Longest transform done as one DFT matrix product (two n x n matrices: 8 MiB
+# in float32 at 1024); longer ones split into two shorter ones (four-step).
+DIRECT_DFT = 1024
+
+
+def _factor(n: int) -> int | None:
+    """The divisor of n closest to sqrt(n) from below, or None for a prime."""
+    for f in range(math.isqrt(n), 1, -1):
+        if n % f == 0:
+            return f
+    return None
+
+
+def _dft_last(b, xr, xi, forward: bool):
+    """(re, im) of the DFT of (xr, xi) over their last dim."""
+    n = xr.meta["val"].shape[-1]
+    dt = xr.meta["val"].dtype
     mm = aten.matmul.default
+    if n > DIRECT_DFT:
+        n1 = _factor(n)
+        if n1 is None:
+            raise NotCompilable(f"an FFT over {n} points, a prime longer than {DIRECT_DFT}")
+        return _four_step(b, xr, xi, n1, n // n1, forward)
+    cos, sin = _dft_matrices(b, n, dt)
     rc, rs, ic, is_ = b.op(mm, xr, cos), b.op(mm, xr, sin), b.op(mm, xi, cos), b.op(mm, xi, sin)
     if forward:  # X_k = sum x_j e^{-2 pi i jk/n}
-        re, im = b.op(aten.add.Tensor, rc, is_), b.op(aten.sub.Tensor, ic, rs)
-    else:
-        re, im = b.op(aten.sub.Tensor, rc, is_), b.op(aten.add.Tensor, ic, rs)
+        return b.op(aten.add.Tensor, rc, is_), b.op(aten.sub.Tensor, ic, rs)
+    return b.op(aten.sub.Tensor, rc, is_), b.op(aten.add.Tensor, ic, rs)
+
+
+def _four_step(b, xr, xi, n1: int, n2: int, forward: bool):
+    """A DFT of n = n1*n2 points as n2 DFTs of n1 points, twiddles, and n1 DFTs
+    of n2 points (Cooley-Tukey): x[j1*n2 + j2] -> X[k1 + n1*k2]."""
+    lead = list(xr.meta["val"].shape[:-1])
+    n = n1 * n2
+    dt = xr.meta["val"].dtype
+
+    def split(v):  # [..., n] -> [..., n2 (j2), n1 (j1)]
+        return b.op(aten.transpose.int, b.op(aten.reshape.default, v, lead + [n1, n2]), -1, -2)
+
+    yr, yi = _dft_last(b, split(xr), split(xi), forward)  # [..., j2, k1]
+    cos, sin = _dft_matrices(b, n, dt, rows=n2, cols=n1)  # angle 2 pi j2 k1 / n
+    sign = -1.0 if forward else 1.0
+    sin = b.op(aten.mul.Tensor, sin, sign)
+    yr, yi = (b.op(aten.sub.Tensor, b.op(aten.mul.Tensor, yr, cos), b.op(aten.mul.Tensor, yi, sin)),
+              b.op(aten.add.Tensor, b.op(aten.mul.Tensor, yr, sin), b.op(aten.mul.Tensor, yi, cos)))
+    zr, zi = _dft_last(b, b.op(aten.transpose.int, yr, -1, -2), b.op(aten.transpose.int, yi, -1, -2), forward)
+
+    def join(v):  # [..., k1, k2] -> [..., k2, k1] -> [..., n]
+        return b.op(aten.reshape.default, b.op(aten.transpose.int, v, -1, -2), lead + [n])
+
+    return join(zr), join(zi)
+
+
+def _c2c(b, p, d, rank, forward: bool):
+    xr, xi, back = _last(b, p, d, rank)
+    re, im = _dft_last(b, xr, xi, forward)
     return _restore(b, re, im, back, rank)
 
 
@@ -660,16 +706,19 @@ def _fft_r2c(b, node):
     last = dims[-1]
     n = _val(x).shape[last]
     m = n // 2 + 1 if onesided else n
-    xr = x if _val(x).dtype == dt else b.op(prims.convert_element_type.default, x, dt)
-    order = [i for i in range(rank) if i != last] + [last]
-    moved = b.op(aten.permute.default, xr, order)
-    cos, sin = _dft_matrices(b, n, dt, cols=m)
-    re = b.op(aten.matmul.default, moved, cos)
-    im = b.op(aten.neg.default, b.op(aten.matmul.default, moved, sin))
-    back = [0] * rank
-    for i, o in enumerate(order):
-        back[o] = i
-    p = _restore(b, re, im, back, rank)
+    if n > DIRECT_DFT:  # the complex transform of the real input, its first m bins
+        p = b.op(aten.slice.Tensor, _c2c(b, b.pair(x, dt), last, rank, True), last, 0, m)
+    else:
+        xr = x if _val(x).dtype == dt else b.op(prims.convert_element_type.default, x, dt)
+        order = [i for i in range(rank) if i != last] + [last]
+        moved = b.op(aten.permute.default, xr, order)
+        cos, sin = _dft_matrices(b, n, dt, cols=m)
+        re = b.op(aten.matmul.default, moved, cos)
+        im = b.op(aten.neg.default, b.op(aten.matmul.default, moved, sin))
+        back = [0] * rank
+        for i, o in enumerate(order):
+            back[o] = i
+        p = _restore(b, re, im, back, rank)
     total = n
     for d in dims[:-1]:
         total *= _val(x).shape[d]
@@ -696,6 +745,11 @@ def _fft_c2r(b, node):
     elif have < bins:
         pad = [0, 0] + [0, 0] * (rank - 1 - last) + [0, bins - have]
         p = b.op(aten.constant_pad_nd.default, p, pad)
+    if n > DIRECT_DFT:
+        # The whole Hermitian spectrum (X[n-k] = conj X[k]), transformed back; its real part.
+        mirror = b.conj(b.op(aten.flip.default, b.op(aten.slice.Tensor, p, last, 1, n - bins + 1), [last]))
+        full = _c2c(b, b.op(aten.cat.default, [p, mirror], last), last, rank, False)
+        return _normalize(b, b.re(full), normalization, total)
     # x_j = sum_k w_k (Re X_k cos(2 pi jk/n) - Im X_k sin(2 pi jk/n)), w_k = 2 but
     # for the bins that are their own mirror (0, and n/2 for even n)
     cos, sin = _dft_matrices(b, n, dt, rows=bins)

@@ -1,0 +1,360 @@
+"""Generic inputs for the model census, by rules that cover families.
+
+`inputs_for(model, config)` reads what a model takes from its class (its
+`main_input_name`, the parameter names of its `forward`) and from its
+configuration (vocabulary, image, patch and grid sizes, mel bins, frames,
+whether it has a decoder) and builds a small batch of random inputs:
+
+- the main input: token ids, images (videos where the configuration counts
+  frames), flattened patch sequences with their grid (Qwen-VL style vision
+  towers), mel features in the layout the first layer reads, raw audio;
+- what the main input needs beside it: the other modality of a dual encoder,
+  decoder inputs of an encoder-decoder, layout boxes, masks and grids that
+  `forward` requires.
+
+Every size is read from the configuration the census has shrunk, so the
+inputs agree with the tiny model. Raises `census.NotBuildable` when a model
+takes something that is not a tensor a rule can make (a video-tracking
+session object, say).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+BATCH, SEQ = 2, 8
+FRAMES = 64  # audio feature frames (a multiple of every subsampling factor seen: 4, 8)
+SAMPLES = 1600  # raw audio samples
+
+# Sub-configurations searched, in order, for a size, by what the size is for.
+_VISION = ("vision_config", "image_config", "backbone_config", "vision_encoder_config", "encoder_config")
+_TEXT = ("text_config", "decoder_config", "language_config", "llm_config")
+_AUDIO = ("audio_config", "encoder_config", "audio_encoder_config", "acoustic_config", "asr_config")
+
+
+def _not_buildable(message: str) -> Exception:
+    from torchneuron.eval.census import NotBuildable  # census imports this module lazily
+
+    return NotBuildable(message)
+
+
+def _get(cfg, key):
+    try:
+        value = getattr(cfg, key, None)
+    except Exception:  # noqa: BLE001 - per-layer attributes refuse plain reads
+        return None
+    return None if isinstance(value, bool) else value
+
+
+class _Spec:
+    """What one model takes: its forward parameters and its configuration."""
+
+    def __init__(self, model, config):
+        import torch
+
+        self.model, self.config = model, config
+        self.g = torch.Generator().manual_seed(1)
+        sig = inspect.signature(model.forward)
+        self.params = {n: p for n, p in sig.parameters.items()
+                       if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        self.required = [n for n, p in self.params.items() if p.default is inspect.Parameter.empty]
+
+    def find(self, keys, subs=(), types=(int,)):
+        """The first value of `keys` in the sub-configurations `subs`, then the
+        configuration itself, then any nested configuration."""
+        import transformers
+
+        configs = [_get(self.config, s) for s in subs] + [self.config]
+        configs += [v for v in vars(self.config).values() if isinstance(v, transformers.PretrainedConfig)]
+        for key in (keys if isinstance(keys, (list, tuple)) else (keys,)):
+            for cfg in configs:
+                if cfg is None:
+                    continue
+                value = _get(cfg, key)
+                if isinstance(value, types) and not isinstance(value, bool):
+                    return value
+        return None
+
+    def modules(self, kind):
+        return [m for m in self.model.modules() if isinstance(m, kind)]
+
+    # -- random tensors ---------------------------------------------------
+
+    def ids(self, shape=(BATCH, SEQ), subs=_TEXT):
+        import torch
+
+        vocab = self.find("vocab_size", subs) or 100
+        return torch.randint(3, max(4, min(int(vocab), 100)), shape, generator=self.g)
+
+    def randn(self, *shape):
+        import torch
+
+        return torch.randn(*shape, generator=self.g)
+
+
+# -- text ----------------------------------------------------------------------
+
+def _text(spec: _Spec, name: str = "input_ids") -> dict:
+    return {name: spec.ids()}
+
+
+def _encoder_audio(spec: _Spec, out: dict) -> dict:
+    """An encoder-decoder whose decoder reads text and whose encoder reads
+    audio (its forward takes input_features beside input_ids, and encoder
+    inputs or is_encoder_decoder says there is an encoder) needs both."""
+    if "input_features" in out or "input_features" not in spec.params or "input_ids" not in out:
+        return {}
+    if not (_get(spec.config, "is_encoder_decoder") or any(n.startswith("encoder_") for n in spec.params)):
+        return {}
+    return _audio_features(spec)
+
+
+def _decoder(spec: _Spec, out: dict) -> dict:
+    """Decoder inputs of an encoder-decoder (or a transducer's prediction
+    network): whenever forward takes them, the first tokens, as teacher forcing."""
+    if "decoder_input_ids" not in spec.params or "decoder_input_ids" in out:
+        return {}
+    ids = out.get("input_ids")
+    return {"decoder_input_ids": ids[:, :4].clone() if ids is not None else spec.ids((BATCH, 4))}
+
+
+# -- images and videos -----------------------------------------------------------
+
+def _size(value):
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
+        return tuple(value[-2:]) if len(value) >= 2 else (value[0], value[0])
+    if isinstance(value, dict):
+        h, w = value.get("height"), value.get("width")
+        if isinstance(h, int) and isinstance(w, int):
+            return h, w
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value, value
+    return None
+
+
+def _image_size(spec: _Spec):
+    for key in ("image_size", "img_size", "input_size", "resolution"):
+        for cfg in [_get(spec.config, s) for s in _VISION] + [spec.config]:
+            if cfg is not None and (size := _size(_get(cfg, key))):
+                return size
+    # No size configured: a convolutional backbone that downsamples by fixed
+    # strides (OCR recognisers pool 32 pixels away); 64 keeps a few pixels.
+    return 64, 64
+
+
+def _channels(spec: _Spec) -> int:
+    return spec.find(("num_channels", "in_channels", "input_channels", "in_chans", "channels"), _VISION) or 3
+
+
+def _frames(spec: _Spec):
+    """Frames of a video model: the configuration counts them."""
+    for key in ("num_frames", "frames", "video_size"):
+        value = spec.find(key, _VISION, types=(int, list, tuple))
+        if isinstance(value, (list, tuple)):
+            value = value[0] if value else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _pixels(spec: _Spec, name: str = "pixel_values") -> dict:
+    channels, (h, w) = _channels(spec), _image_size(spec)
+    frames = _frames(spec)
+    if frames:
+        return {name: spec.randn(BATCH, frames, channels, h, w)}
+    return {name: spec.randn(BATCH, channels, h, w)}
+
+
+def _grid_param(spec: _Spec):
+    for name in spec.params:
+        if name.endswith("grid_thw") or name == "grid_thw":
+            return name
+    return None
+
+
+def _patch_sequence(spec: _Spec, pixel_name: str, grid_name: str) -> dict:
+    """Vision towers fed flattened patches and their (t, h, w) grid (Qwen-VL and
+    kin): BATCH images of a 2x2 grid of merged patches each."""
+    import torch
+
+    merge = spec.find(("spatial_merge_size", "merge_size"), _VISION)
+    if merge is None:
+        kernel = spec.find("merge_kernel_size", _VISION, types=(list, tuple))
+        merge = kernel[0] if kernel else 1
+    patch = spec.find("patch_size", _VISION) or 14
+    temporal = spec.find(("temporal_patch_size", "patch_temporal"), _VISION) or 1
+    channels = _channels(spec)
+    side = 2 * merge
+    grid = torch.tensor([[1, side, side]] * BATCH)
+    n = int(grid.prod(-1).sum())
+    out = {pixel_name: spec.randn(n, channels * temporal * patch * patch), grid_name: grid}
+    if "merge_sizes" in spec.params:
+        out["merge_sizes"] = torch.tensor([merge] * BATCH)
+    return out
+
+
+# -- audio -----------------------------------------------------------------------
+
+def _mel_bins(spec: _Spec) -> int:
+    # Per-frame feature width: what a feature extractor stacks or projects comes first.
+    stacked = spec.find("feature_projection_input_dim", _AUDIO)
+    if stacked:
+        return stacked
+    bins = spec.find(("num_mel_bins", "input_feat_per_channel", "feature_size", "n_mels", "mel_bins"), _AUDIO) or 80
+    frames = spec.find("num_stacked_frames", _AUDIO)
+    return bins * frames if frames else bins
+
+
+def _channels_first(spec: _Spec, bins: int) -> bool:
+    """Whisper-style encoders read (batch, bins, frames) straight into a Conv1d
+    over the bins; the rest read (batch, frames, bins), some transposing
+    before a Conv1d of their own: Speech2Text (which names its bins
+    input_feat_per_channel) and GAN vocoders (which take a noise_sequence)."""
+    import torch
+
+    if spec.find("input_feat_per_channel", _AUDIO) or "noise_sequence" in spec.params:
+        return False
+    return any(m.in_channels == bins for m in spec.modules(torch.nn.Conv1d))
+
+
+def _audio_features(spec: _Spec, name: str = "input_features") -> dict:
+    bins = _mel_bins(spec)
+    if _channels_first(spec, bins):
+        # Whisper-style encoders want exactly their position table's frames,
+        # before a stride-2 convolution.
+        positions = spec.find("max_source_positions", _AUDIO)
+        return {name: spec.randn(BATCH, bins, 2 * positions if positions else FRAMES)}
+    return {name: spec.randn(BATCH, _audio_frames(spec), bins)}
+
+
+def _audio_frames(spec: _Spec) -> int:
+    """Chunked encoders (n_window frames a chunk, chunks of two windows) want
+    whole chunks."""
+    window = spec.find("n_window", _AUDIO)
+    return 2 * window if window else FRAMES
+
+
+def _audio_values(spec: _Spec, name: str = "input_values") -> dict:
+    bins = spec.find("num_mel_bins", _AUDIO)
+    length = spec.find("max_length", _AUDIO)
+    if bins and length:  # a spectrogram under the name input_values (AST)
+        return {name: spec.randn(BATCH, length, bins)}
+    if spec.find("upsampling_ratios", _AUDIO, types=(list, tuple)):  # a neural codec: (batch, channels, samples)
+        channels = spec.find(("audio_channels", "channels"), _AUDIO) or 1
+        return {name: spec.randn(BATCH, channels, SAMPLES)}
+    return {name: spec.randn(BATCH, SAMPLES)}
+
+
+# -- the rules -------------------------------------------------------------------
+
+def _main(spec: _Spec) -> str:
+    """The main input: the model's own, unless its forward does not take it
+    (sub-models that inherit a generic main_input_name): then forward's first."""
+    name = getattr(spec.model, "main_input_name", "input_ids")
+    if name in spec.params:
+        return name
+    if spec.required:
+        return spec.required[0]
+    return next(iter(spec.params), name)
+
+
+_IMAGE_NAMES = ("pixel_values", "images", "image")
+_AUDIO_FEATURE_NAMES = ("input_features", "audio_features", "input_audio_features")
+
+
+def _build_main(spec: _Spec, name: str) -> dict:
+    grid = _grid_param(spec)
+    if grid and name in ("hidden_states", "pixel_values"):
+        return _patch_sequence(spec, name, grid)
+    if name == "input_ids" or name.endswith("input_ids"):
+        return _text(spec, name)
+    if name in _IMAGE_NAMES:
+        return _pixels(spec, name)
+    if name == "input_values":
+        return _audio_values(spec, name)
+    if name in _AUDIO_FEATURE_NAMES:
+        return _audio_features(spec, name)
+    raise _not_buildable(f"no generic input for main input {name!r}")
+
+
+def _dual(spec: _Spec, out: dict) -> dict:
+    """Dual encoders (CLIP and kin: a contrastive forward over text and images)
+    need both; so do models that take text beside images without placeholder
+    image tokens in the text (ViLT, Grounding DINO, BLIP-2's Q-Former...)."""
+    has_text, has_pixels = "input_ids" in spec.params, "pixel_values" in spec.params
+    if not (has_text and has_pixels):
+        return {}
+    contrastive = "return_loss" in spec.params or (
+        hasattr(spec.model, "get_text_features") and hasattr(spec.model, "get_image_features"))
+    # Without image placeholder tokens the text cannot carry the image: a
+    # model that fuses the two (ViLT, LayoutLMv3) reads both.
+    placeholders = any("image_token" in k or "image_seq" in k
+                       for c in [spec.config] + [_get(spec.config, s) for s in _TEXT] if c is not None
+                       for k in c.to_dict())
+    needed = ("input_ids" in spec.required) or ("pixel_values" in spec.required) or contrastive or not placeholders
+    if not needed:
+        return {}
+    extra = {}
+    if "input_ids" not in out:
+        extra.update(_text(spec))
+    if "pixel_values" not in out:
+        extra.update(_pixels(spec))
+    return extra
+
+
+def _boxes(spec: _Spec, shape) -> "object":
+    """Layout boxes (x0, y0, x1, y1) in 0..1000 with x0 <= x1, y0 <= y1."""
+    import torch
+
+    a = torch.randint(0, 500, (*shape, 2), generator=spec.g)
+    b = a + torch.randint(0, 500, (*shape, 2), generator=spec.g)
+    return torch.cat([a, b], -1)
+
+
+def _companions(spec: _Spec, out: dict) -> dict:
+    """Inputs the main one needs beside it, by forward parameter name."""
+    import torch
+
+    extra = {}
+    ids = out.get("input_ids")
+    if "bbox" in spec.params and ids is not None:
+        extra["bbox"] = _boxes(spec, ids.shape)
+        annotation = str(spec.params["bbox"].annotation)
+        if "Long" not in annotation and "Tensor" not in annotation:  # boxes as floats in [0, 1] (UDOP)
+            extra["bbox"] = extra["bbox"].float() / 1000
+    if "lang_ids" in spec.params and ids is not None:  # per-language adapters (X-MOD): the first language
+        extra["lang_ids"] = torch.zeros(ids.shape[0], dtype=torch.long)
+    feats = out.get("input_features")
+    if "input_features_mask" in spec.params and feats is not None:  # audio encoders that count valid frames
+        frames = feats.shape[-1] if _channels_first(spec, _mel_bins(spec)) else feats.shape[1]
+        extra["input_features_mask"] = torch.ones(BATCH, frames, dtype=torch.long)
+    for name in spec.required:
+        if name in out or name in extra:
+            continue
+        if name.endswith("input_ids"):  # qformer_input_ids, decoder ids, ...
+            extra[name] = spec.ids()
+        elif name == "pixel_values" or name.endswith("pixel_values"):
+            extra.update(_pixels(spec, name))
+        elif name in _AUDIO_FEATURE_NAMES:
+            extra.update(_audio_features(spec, name))
+        elif name.endswith("_mask") and "input_features" in out:
+            feats = out["input_features"]
+            frames = feats.shape[-1] if _channels_first(spec, _mel_bins(spec)) else feats.shape[1]
+            extra[name] = torch.ones(BATCH, frames, dtype=torch.long)
+        elif name.endswith("_mask") and ids is not None:
+            extra[name] = torch.ones_like(ids)
+    return extra
+
+
+def inputs_for(model, config) -> dict:
+    spec = _Spec(model, config)
+    out = _build_main(spec, _main(spec))
+    out.update(_dual(spec, out))
+    out.update(_encoder_audio(spec, out))
+    out.update(_decoder(spec, out))
+    out.update(_companions(spec, out))
+    missing = [n for n in spec.required if n not in out]
+    if missing:
+        raise _not_buildable(f"forward requires {', '.join(missing)}: no generic input")
+    return out
