@@ -153,3 +153,53 @@ def test_guarded_runs_merge_into_the_census_and_are_reported(tmp_path):
     census_report.write_markdown(str(md), summary, census_report.select_representative(census.load_results(str(merged))),
                                  "test")
     assert "Guard violations: 1 (a); crashed or hung workers: 1 (b)." in md.read_text()
+
+
+# -- the input rules (census_inputs): CPU only, one tiny model each --------------
+
+def _reference_runs(model_type):
+    """The census's CPU reference for one model: (inputs, outputs)."""
+    arch = {a[0]: a for a in census.architectures()}[model_type]
+    model, config = census.build(model_type, arch[1])
+    inputs = census.inputs_for(model, config)
+    trains = any(p.requires_grad for p in model.parameters())
+    outs, _ = census._run(model, inputs, "cpu", trains)
+    assert outs
+    return inputs, config
+
+
+def test_a_dual_text_and_vision_encoder_gets_both_inputs():
+    inputs, config = _reference_runs("clipseg")
+    assert inputs["input_ids"].shape == (census.BATCH, census.SEQ)
+    size = config.vision_config.image_size
+    assert inputs["pixel_values"].shape == (census.BATCH, 3, size, size)
+
+
+def test_audio_models_get_mel_features_of_their_bin_count_in_their_layout():
+    # A Whisper-style encoder reads (batch, bins, frames), frames from its position table.
+    inputs, config = _reference_runs("qwen2_audio_encoder")
+    assert inputs["input_features"].shape == (census.BATCH, config.num_mel_bins, 2 * config.max_source_positions)
+    # A conformer with a Conv2d subsampler reads (batch, frames, bins), bins from its encoder config;
+    # an encoder-decoder gets decoder inputs.
+    inputs, config = _reference_runs("canary")
+    assert inputs["input_features"].shape[-1] == config.encoder_config.num_mel_bins != 80
+    assert inputs["decoder_input_ids"].shape == (census.BATCH, 4)
+
+
+def test_an_encoder_decoder_on_raw_audio_gets_decoder_inputs():
+    inputs, _ = _reference_runs("moonshine")
+    assert set(inputs) == {"input_values", "decoder_input_ids"}
+
+
+def test_a_patch_sequence_vision_tower_gets_patches_and_their_grid():
+    inputs, config = _reference_runs("qwen2_5_vl_vision")
+    grid = inputs["grid_thw"]
+    assert grid.shape == (census.BATCH, 3) and (grid[:, 1:] % config.spatial_merge_size == 0).all()
+    c, t, p = config.in_channels, config.temporal_patch_size, config.patch_size
+    assert inputs["hidden_states"].shape == (int(grid.prod(-1).sum()), c * t * p * p)
+
+
+def test_a_hybrid_keeps_an_attention_layer_and_its_mamba_heads_fit():
+    _, config = _reference_runs("bamba")
+    assert "full_attention" in config.layers_block_type
+    assert config.mamba_n_heads * config.mamba_d_head == config.mamba_expand * config.hidden_size

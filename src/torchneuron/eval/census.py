@@ -223,6 +223,23 @@ def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False, mla: bool
                     setattr(cfg, key, layers)
     _ssm_heads(cfg)
     _stages(cfg)
+    hidden, coordinate = _read(cfg, "hidden_size"), _read(cfg, "coordinate_size")
+    if isinstance(hidden, int) and isinstance(coordinate, int) and isinstance(_read(cfg, "shape_size"), int):
+        with contextlib.suppress(Exception):  # layout embeddings: 4 coordinates + 2 shapes concatenate to hidden
+            cfg.coordinate_size = hidden // 8
+            cfg.shape_size = (hidden - 4 * (hidden // 8)) // 2
+    if isinstance(_read(cfg, "num_query_tokens"), int) and "image_token_index" in vars(cfg) \
+            and _read(cfg, "image_token_index") is None:
+        with contextlib.suppress(Exception):  # Q-Former models: an unset image placeholder, in the tiny vocabulary
+            cfg.image_token_index = _TINY["vocab_size"] - 1
+    experts = next((v for v in (_read(cfg, k) for k in ("n_routed_experts", "num_experts", "num_local_experts"))
+                    if isinstance(v, int) and not isinstance(v, bool)), None)
+    for key in ("n_group", "num_expert_group", "num_group", "topk_group"):  # expert groups divide the experts
+        groups = _read(cfg, key)
+        if isinstance(experts, int) and isinstance(groups, int) and not isinstance(groups, bool) and groups > 1 \
+                and (experts % groups or groups >= experts):
+            with contextlib.suppress(Exception):
+                setattr(cfg, key, 1)
     kinds = _read(cfg, "layer_types")
     if isinstance(kinds, (list, tuple)) and "sliding_attention" in kinds and _read(cfg, "sliding_window") is None:
         with contextlib.suppress(Exception):

@@ -278,6 +278,13 @@ def _build_main(spec: _Spec, name: str) -> dict:
     raise _not_buildable(f"no generic input for main input {name!r}")
 
 
+def _placeholder_key(key: str) -> bool:
+    """A configuration key naming an image placeholder token (image_token_id,
+    image_patch_id, image_start_token_id, image_seq_length...)."""
+    return (any(w in key for w in ("image", "img", "vision", "video"))
+            and (key.endswith(("_id", "_index")) or "token" in key or "image_seq" in key))
+
+
 def _dual(spec: _Spec, out: dict) -> dict:
     """Dual encoders (CLIP and kin: a contrastive forward over text and images)
     need both; so do models that take text beside images without placeholder
@@ -289,9 +296,8 @@ def _dual(spec: _Spec, out: dict) -> dict:
         hasattr(spec.model, "get_text_features") and hasattr(spec.model, "get_image_features"))
     # Without image placeholder tokens the text cannot carry the image: a
     # model that fuses the two (ViLT, LayoutLMv3) reads both.
-    placeholders = any("image_token" in k or "image_seq" in k
-                       for c in [spec.config] + [_get(spec.config, s) for s in _TEXT] if c is not None
-                       for k in c.to_dict())
+    placeholders = any(_placeholder_key(k) for c in [spec.config] + [_get(spec.config, s) for s in _TEXT]
+                       if c is not None for k in c.to_dict())
     needed = ("input_ids" in spec.required) or ("pixel_values" in spec.required) or contrastive or not placeholders
     if not needed:
         return {}
@@ -323,6 +329,10 @@ def _companions(spec: _Spec, out: dict) -> dict:
         annotation = str(spec.params["bbox"].annotation)
         if "Long" not in annotation and "Tensor" not in annotation:  # boxes as floats in [0, 1] (UDOP)
             extra["bbox"] = extra["bbox"].float() / 1000
+    feat_dim, pos_dim = spec.find("visual_feat_dim"), spec.find("visual_pos_dim")
+    if "visual_feats" in spec.params and feat_dim and pos_dim:  # detector region features (LXMERT)
+        extra["visual_feats"] = spec.randn(BATCH, 4, feat_dim)
+        extra["visual_pos"] = torch.rand(BATCH, 4, pos_dim, generator=spec.g)
     if "lang_ids" in spec.params and ids is not None:  # per-language adapters (X-MOD): the first language
         extra["lang_ids"] = torch.zeros(ids.shape[0], dtype=torch.long)
     feats = out.get("input_features")
@@ -347,12 +357,27 @@ def _companions(spec: _Spec, out: dict) -> dict:
     return extra
 
 
+def _placeholders(spec: _Spec, out: dict) -> dict:
+    """Models that take both images and text with image placeholder tokens
+    for a fixed count of query embeddings (BLIP-2, InstructBLIP) need the
+    placeholders in the text: they lead it."""
+    import torch
+
+    token = spec.find(("image_token_id", "image_token_index"))
+    count = spec.find(("num_query_tokens", "image_seq_length"))
+    ids = out.get("input_ids")
+    if ids is None or "pixel_values" not in out or token is None or not count:
+        return {}
+    return {"input_ids": torch.cat([torch.full((ids.shape[0], count), token, dtype=ids.dtype), ids], 1)}
+
+
 def inputs_for(model, config) -> dict:
     spec = _Spec(model, config)
     out = _build_main(spec, _main(spec))
     out.update(_dual(spec, out))
     out.update(_encoder_audio(spec, out))
     out.update(_decoder(spec, out))
+    out.update(_placeholders(spec, out))
     out.update(_companions(spec, out))
     missing = [n for n in spec.required if n not in out]
     if missing:
