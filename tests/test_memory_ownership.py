@@ -191,3 +191,37 @@ def test_an_op_with_no_host_kernel_and_no_decomposition_says_so():
     mask = torch.ones(4, dtype=torch.uint8, device="neuron")
     with pytest.raises(NotImplementedError, match=r"aten\._masked_scale\.default has no kernel on the host"):
         torch.ops.aten._masked_scale(x, mask, 2.0)
+
+
+def _assign_by_mask(x, mask, value, rows):
+    y = x * 1
+    y[mask] = value
+    z = x * 1
+    z[mask] = rows  # one row per true element
+    return y, z, torch.index_put(x, (mask,), value, accumulate=True)
+
+
+@pytest.mark.parametrize("hits", [0, 1, 5], ids=["no-true", "one-true", "five-true"])
+@pytest.mark.parametrize("how", ["eager", "adaptive", "compiled"])
+def test_assigning_through_a_boolean_mask_writes_only_where_it_is_true(hits, how):
+    """x[mask] = v with an all-False mask wrote v into element 0 (the compiled
+    index_put of a mask padded its empty index list with 0)."""
+    x = torch.arange(24.0).reshape(4, 6) + 5
+    mask = torch.zeros(4, 6, dtype=torch.bool)
+    mask.view(-1)[torch.randperm(24)[:hits]] = True
+    rows = torch.arange(float(hits)) * -1
+    args = (x, mask, torch.tensor(0.5), rows)
+    expected = _assign_by_mask(*args)
+    dev = [a.to("neuron") for a in args]
+    if how == "compiled":
+        got = torch.compile(_assign_by_mask, backend="neuron")(*dev)
+    elif how == "adaptive":
+        with torchneuron.eager_mode("adaptive"):
+            torchneuron.config.set(compile_wait=True)  # the fused graph from the first call
+            got = _assign_by_mask(*dev)
+    else:
+        got = _assign_by_mask(*dev)
+    for g, e in zip(got, expected):
+        assert torch.equal(g.cpu(), e)
+    assert torch.equal(dev[0].cpu(), x)
+    assert torchneuron.fallback_ops().get("aten.index_put.default") is None

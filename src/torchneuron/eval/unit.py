@@ -24,6 +24,8 @@ _TOLERANCE = {
     torch.float64: (1e-7, 1e-7),
     torch.float16: (1e-2, 1e-2),
     torch.bfloat16: (2e-2, 2e-2),
+    torch.complex64: (1e-4, 1e-4),
+    torch.complex128: (1e-7, 1e-7),
 }
 
 

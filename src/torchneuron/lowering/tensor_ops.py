@@ -133,6 +133,55 @@ def put(x, index, source, accumulate=False):
     return torch.index_put(flat, (index,), source.reshape(-1), accumulate).reshape(x.shape)
 
 
+def _is_mask(index) -> bool:
+    return index is not None and index.dtype in (torch.bool, torch.uint8)
+
+
+def index_put_by_mask(x, indices, values, accumulate=False):
+    """x[mask] = values as a select: the compiled index_put of a boolean mask
+    wrote its value into element 0 when the mask was all False (an empty
+    nonzero padded with index 0). A mask over x's leading dims takes each
+    true element's value from `values` in order (cumsum of the mask), or
+    broadcast; other uses of a mask run on the host. Without a mask:
+    NotImplemented (the op itself)."""
+    if not any(_is_mask(i) for i in indices):
+        return NotImplemented
+    mask = indices[0]
+    if len(indices) != 1 or not _is_mask(mask) or tuple(x.shape[: mask.dim()]) != tuple(mask.shape):
+        raise NotImplementedError("a boolean index beside other indices")
+    mask = mask.bool()
+    rest = tuple(x.shape[mask.dim():])
+    values = values.to(x.dtype)
+    if values.dim() == len(rest) + 1 and values.shape[0] == 0:
+        return x.clone()  # no value rows: no element is true
+    if values.dim() == len(rest) + 1:
+        # one value row per true element, in order: row k for the k-th true element
+        rows = values.expand((values.shape[0], *rest))
+        position = (mask.reshape(-1).to(torch.int64).cumsum(0) - 1).clamp(0, values.shape[0] - 1)
+        chosen = rows.index_select(0, position).reshape(x.shape)
+    else:
+        chosen = values.expand(x.shape) if values.dim() <= len(rest) else values.reshape(rest).expand(x.shape)
+    selected = mask.reshape(mask.shape + (1,) * len(rest))
+    if accumulate:
+        return x + torch.where(selected, chosen, torch.zeros_like(chosen))
+    return torch.where(selected, chosen, x)
+
+
+def _index_put_by_mask(x, indices, values, accumulate=False):
+    result = index_put_by_mask(x, indices, values, accumulate)
+    if result is NotImplemented:
+        return aten.index_put.default(x, indices, values, accumulate)
+    return result
+
+
+def _index_put_by_mask_(x, indices, values, accumulate=False, unsafe=False):
+    if not any(_is_mask(i) for i in indices):
+        if unsafe:
+            return aten._index_put_impl_.default(x, indices, values, accumulate, unsafe)
+        return aten.index_put_.default(x, indices, values, accumulate)
+    return x.copy_(index_put_by_mask(x, indices, values, accumulate))
+
+
 def scatter_with_reduce(x, dim, index, src, *, reduce):
     names = {"add": "sum", "multiply": "prod"}
     return torch.scatter_reduce(x, dim, index, src, names[reduce], include_self=True)
@@ -262,6 +311,9 @@ def _convolution_backward_exact_extent(grad, x, weight, bias_sizes, stride, padd
 def direct_rewrites() -> dict:
     return {
         aten.convolution.default: _convolution_exact_extent,
+        aten.index_put.default: _index_put_by_mask,
+        aten.index_put_.default: _index_put_by_mask_,
+        aten._index_put_impl_.default: _index_put_by_mask_,
         aten.convolution_backward.default: _convolution_backward_exact_extent,
         aten.adaptive_max_pool2d.default: adaptive_max_pool2d,
         aten.cumprod.default: cumprod,
