@@ -37,6 +37,8 @@ OPS = {
     "view_as_complex": lambda a, b, r: torch.view_as_complex(torch.stack([r, r * 2], -1)),
     "complex_polar": lambda a, b, r: torch.complex(r, r * 3) + torch.polar(r.abs(), r),
     "sum_mean": lambda a, b, r: a.sum(1) + a.mean(1),
+    "norms_var_std": lambda a, b, r: torch.linalg.vector_norm(a, dim=1) + a.norm() + a.var(1) + a.std(0).sum(),
+    "rsqrt_cumsum_gather": lambda a, b, r: a.rsqrt() + a.cumsum(1) + a.gather(1, (r.abs() * 3).long() % 8),
     "mm": lambda a, b, r: a @ b.T,
     "mm_conj": lambda a, b, r: a @ b.conj().T,
     "bmm": lambda a, b, r: torch.bmm(a.reshape(2, 2, 8), b.reshape(2, 8, 2)),

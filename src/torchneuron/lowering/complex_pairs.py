@@ -538,6 +538,47 @@ def _sum(b, node):
     return b.op(target, p, dims, keepdim)
 
 
+@_rule(aten.linalg_vector_norm.default)
+def _vector_norm(b, node):
+    x = node.args[0]
+    rest = list(node.args[1:])
+    # the norm of the magnitudes, a real tensor of the same logical shape
+    return b.op(aten.linalg_vector_norm.default, b.magnitude(b.pair(x, _real_dtype(_val(x).dtype))), *rest,
+                **{k: v for k, v in node.kwargs.items() if k != "dtype"})
+
+
+@_rule(aten.var.correction, aten.std.correction)
+def _variance(b, node):
+    """E|z - mean z|^2 = var(re) + var(im), with the same correction."""
+    x = node.args[0]
+    p = b.pair(x, _out_dtype(node))
+    args = list(node.args[1:])
+    total = b.op(aten.add.Tensor, b.op(aten.var.correction, b.re(p), *args, **node.kwargs),
+                 b.op(aten.var.correction, b.im(p), *args, **node.kwargs))
+    return b.op(aten.sqrt.default, total) if node.target is aten.std.correction else total
+
+
+@_rule(aten.rsqrt.default)
+def _rsqrt(b, node):
+    dt = _out_dtype(node)
+    r, theta = b.magnitude_angle(b.pair(node.args[0], dt))
+    return b.quotient(b.pair(1.0, dt), b.polar(b.op(aten.sqrt.default, r), b.op(aten.mul.Tensor, theta, 0.5)))
+
+
+@_rule(aten.gather.default)
+def _gather(b, node):
+    x, dim, index = node.args[:3]
+    p = b.pair(x, _out_dtype(node))
+    both = b.op(aten.expand.default, b.op(aten.unsqueeze.default, index, -1), list(_val(index).shape) + [2])
+    return b.op(aten.gather.default, p, _dim(dim, _rank(x)), both)
+
+
+@_rule(aten.cumsum.default)
+def _cumsum(b, node):
+    x, dim = node.args[:2]
+    return b.op(aten.cumsum.default, b.pair(x, _out_dtype(node)), _dim(dim, _rank(x)))
+
+
 @_rule(aten.mm.default, aten.bmm.default)
 def _matmul(b, node):
     x, y = node.args
