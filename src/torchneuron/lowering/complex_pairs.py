@@ -379,25 +379,19 @@ def _copy(b, node):
     return b.op(aten.expand.default, b.pair(src, _real_dtype(out.dtype)), list(out.shape) + [2])
 
 
-@_rule(aten.full.default, aten.scalar_tensor.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format)
+_FILL_VALUES = {
+    aten.zeros.default: lambda n: 0, aten.ones.default: lambda n: 1, aten.empty.memory_format: lambda n: 0,
+    aten.full.default: lambda n: n.args[1], aten.scalar_tensor.default: lambda n: n.args[0],
+    aten.zeros_like.default: lambda n: 0, aten.ones_like.default: lambda n: 1, aten.empty_like.default: lambda n: 0,
+    aten.full_like.default: lambda n: n.args[1],
+}
+
+
+@_rule(*_FILL_VALUES)
 def _factory(b, node):
     out = node.meta["val"]
     dt = _real_dtype(out.dtype)
-    value = {aten.zeros.default: 0, aten.ones.default: 1, aten.empty.memory_format: 0,
-             aten.full.default: node.args[1] if len(node.args) > 1 else None,
-             aten.scalar_tensor.default: node.args[0]}[node.target]
-    c = complex(value)
-    shape = list(out.shape)
-    return b.pair_of(b.op(aten.full.default, shape, c.real, dtype=dt), b.op(aten.full.default, shape, c.imag, dtype=dt))
-
-
-@_rule(aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default)
-def _factory_like(b, node):
-    out = node.meta["val"]
-    dt = _real_dtype(out.dtype)
-    value = {aten.zeros_like.default: 0, aten.ones_like.default: 1, aten.empty_like.default: 0,
-             aten.full_like.default: node.args[1] if len(node.args) > 1 else None}[node.target]
-    c = complex(value)
+    c = complex(_FILL_VALUES[node.target](node))
     shape = list(out.shape)
     return b.pair_of(b.op(aten.full.default, shape, c.real, dtype=dt), b.op(aten.full.default, shape, c.imag, dtype=dt))
 
@@ -642,13 +636,19 @@ def _dft_matrices(b, n: int, dtype, rows: int | None = None, cols: int | None = 
     return b.op(aten.cos.default, angle), b.op(aten.sin.default, angle)
 
 
-def _last(b, p, d: int, rank: int):
-    """(re, im) of pair p with logical dim d moved last, and the permutation back."""
+def _to_last(d: int, rank: int):
+    """The permutation moving dim d last, and the one moving it back."""
     order = [i for i in range(rank) if i != d] + [d]
-    moved = b.op(aten.permute.default, p, order + [rank])
     back = [0] * rank
     for i, o in enumerate(order):
         back[o] = i
+    return order, back
+
+
+def _last(b, p, d: int, rank: int):
+    """(re, im) of pair p with logical dim d moved last, and the permutation back."""
+    order, back = _to_last(d, rank)
+    moved = b.op(aten.permute.default, p, order + [rank])
     return b.re(moved), b.im(moved), back
 
 
@@ -729,13 +729,17 @@ def _normalize(b, p, normalization: int, n_total: int):
 def _fft_c2c(b, node):
     x, dims, normalization, forward = node.args
     rank = _rank(x)
-    p = b.pair(x, _out_dtype(node))
+    p, total = _c2c_over(b, b.pair(x, _out_dtype(node)), x, [_dim(d, rank) for d in dims], rank, forward)
+    return _normalize(b, p, normalization, total)
+
+
+def _c2c_over(b, p, x, dims, rank, forward: bool):
+    """p transformed over each of dims in turn, and the number of points."""
     total = 1
     for d in dims:
-        d = _dim(d, rank)
         total *= _val(x).shape[d]
         p = _c2c(b, p, d, rank, forward)
-    return _normalize(b, p, normalization, total)
+    return p, total
 
 
 @_rule(aten._fft_r2c.default)
@@ -751,20 +755,14 @@ def _fft_r2c(b, node):
         p = b.op(aten.slice.Tensor, _c2c(b, b.pair(x, dt), last, rank, True), last, 0, m)
     else:
         xr = x if _val(x).dtype == dt else b.op(prims.convert_element_type.default, x, dt)
-        order = [i for i in range(rank) if i != last] + [last]
+        order, back = _to_last(last, rank)
         moved = b.op(aten.permute.default, xr, order)
         cos, sin = _dft_matrices(b, n, dt, cols=m)
         re = b.op(aten.matmul.default, moved, cos)
         im = b.op(aten.neg.default, b.op(aten.matmul.default, moved, sin))
-        back = [0] * rank
-        for i, o in enumerate(order):
-            back[o] = i
         p = _restore(b, re, im, back, rank)
-    total = n
-    for d in dims[:-1]:
-        total *= _val(x).shape[d]
-        p = _c2c(b, p, d, rank, True)
-    return _normalize(b, p, normalization, total)
+    p, total = _c2c_over(b, p, x, dims[:-1], rank, True)
+    return _normalize(b, p, normalization, total * n)
 
 
 @_rule(aten._fft_c2r.default)
@@ -773,11 +771,8 @@ def _fft_c2r(b, node):
     rank = _rank(x)
     dt = _out_dtype(node)
     dims = [_dim(d, rank) for d in dims]
-    p = b.pair(x, dt)
-    total = n
-    for d in dims[:-1]:
-        total *= _val(x).shape[d]
-        p = _c2c(b, p, d, rank, False)
+    p, total = _c2c_over(b, b.pair(x, dt), x, dims[:-1], rank, False)
+    total *= n
     last = dims[-1]
     bins = n // 2 + 1
     have = _val(x).shape[last]
