@@ -161,3 +161,16 @@ def test_comparison_catches_wrong_values_shapes_and_dtypes():
         unit._compare(ref.T.contiguous().neuron(), ref)
     with pytest.raises(AssertionError, match="float64"):
         unit._compare(ref.double().neuron(), ref)
+
+
+def test_a_float_mismatch_passes_only_as_close_to_the_float64_answer_as_cpu():
+    """Long sums differ from CPU's float32 by accumulation order; the float64
+    result decides, and a result off by more than CPU's own error still fails."""
+    sig = {"args": [{"T": "float32", "size": [4, 20000], "stride": [20000, 1], "offset": 0, "dev": "neuron"},
+                    {"L": [1]}], "kwargs": {}}
+    op = torch.ops.aten.sum.dim_IntList
+    (cpu_args, _), _ = unit.build_arguments(sig, 0)
+    expected = op(*cpu_args)
+    reordered = cpu_args[0].reshape(4, 100, 200).sum(2).sum(1)  # another accumulation order
+    assert unit._as_close_to_exact_as_cpu(op, sig, 0, reordered, expected)
+    assert not unit._as_close_to_exact_as_cpu(op, sig, 0, expected + 1e-2, expected)

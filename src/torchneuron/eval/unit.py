@@ -166,8 +166,50 @@ def run_case(op_name: str, sig_text: str, seed: int = 0) -> UnitResult:
         for i, (g, e) in enumerate(zip(argument_checks.tensor_leaves(dev_kwargs), argument_checks.tensor_leaves(cpu_kwargs))):
             _compare(g, e, f"tensor keyword argument {i}")
     except AssertionError as e:
-        return UnitResult(op_name, sig_text, "mismatch", str(e)[:500])
+        if not _as_close_to_exact_as_cpu(op, sig, seed, got, expected):
+            return UnitResult(op_name, sig_text, "mismatch", str(e)[:500])
     return UnitResult(op_name, sig_text, "pass")
+
+
+def _in_float64(value):
+    if isinstance(value, torch.Tensor):
+        return value.double() if value.dtype in (torch.float32, torch.float16, torch.bfloat16) else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_in_float64(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _in_float64(v) for k, v in value.items()}
+    return value
+
+
+def _as_close_to_exact_as_cpu(op, sig, seed, got, expected) -> bool:
+    """Arbitration of a float mismatch by the float64 result: long sums
+    (a convolution's weight gradient over 20480 positions) differ from CPU's
+    float32 by their accumulation order alone. Neuron passes when each of its
+    results is within twice CPU's own largest error of the float64 answer
+    (plus float32 rounding of its magnitude). Results that are not floats
+    must have matched already."""
+    (cpu_args, cpu_kwargs), _ = build_arguments(sig, seed)
+    torch.manual_seed(seed)
+    try:
+        exact = op(*_in_float64(cpu_args), **_in_float64(cpu_kwargs))
+    except Exception:  # noqa: BLE001 - no float64 kernel: no arbitration
+        return False
+    leaves = zip(argument_checks.tensor_leaves(got), argument_checks.tensor_leaves(expected),
+                 argument_checks.tensor_leaves(exact))
+    for g, e, x in leaves:
+        if not e.dtype.is_floating_point or g.shape != x.shape:
+            return False
+        x = x.double()
+        finite = torch.isfinite(x)
+        g, e = g.cpu().double(), e.double()
+        if not torch.equal(torch.isfinite(g), finite):
+            return False
+        cpu_error = (e - x)[finite].abs().max().item() if finite.any() else 0.0
+        device_error = (g - x)[finite].abs().max().item() if finite.any() else 0.0
+        scale = x[finite].abs().max().item() if finite.any() else 0.0
+        if device_error > 2 * cpu_error + 1e-6 * scale:
+            return False
+    return True
 
 
 def run(registry_path: str, ops=None, on_result=None) -> list:
