@@ -133,10 +133,18 @@ def _size(value):
     return None
 
 
+_MAX_PIXELS = 512 * 512
+
+
 def _image_size(spec: _Spec):
     for key in ("image_size", "img_size", "input_size", "resolution"):
         for cfg in [_get(spec.config, s) for s in _VISION] + [spec.config]:
             if cfg is not None and (size := _size(_get(cfg, key))):
+                if size[0] * size[1] > _MAX_PIXELS:
+                    # A large non-square detector size (YOLOS: 512x864 took 24 GB on the
+                    # host): its smaller side, square, as models that interpolate accept.
+                    side = min(size)
+                    return side, side
                 return size
     # No size configured: a convolutional backbone that downsamples by fixed
     # strides (OCR recognisers pool 32 pixels away); 64 keeps a few pixels.
