@@ -226,3 +226,19 @@ def test_an_fft_with_a_long_prime_length_runs_on_the_host_and_is_recorded():
     before = torchneuron.fallback_ops()
     torch.testing.assert_close(torch.fft.fft(z.to("neuron")).cpu(), torch.fft.fft(z))
     assert _on_host(before) == {"aten._fft_c2c.default": 1}
+
+
+def test_numbers_beside_complex_tensors_stay_runtime_inputs():
+    """`z + 3`, `z * 2.5`: the number is a runtime input, as for real tensors.
+    Before, lowering it failed, and the retry keyed add/mul's numbers as
+    constants for every later call of the process, real ones included."""
+    from torchneuron.dispatch.op_info import op_info
+    from torchneuron.lowering import call, graph
+
+    z = A.to("neuron")
+    for op, number in ((torch.ops.aten.add.Tensor, 3), (torch.ops.aten.mul.Tensor, 2.5)):
+        sig = call.signature_of(op, op_info(op), (z, number), {})
+        assert sig.ints + sig.floats == [number]
+        graph.lower_call(op, op_info(op), sig)  # lowers with the number as an input
+    for s in (1.5, -2.0):
+        torch.testing.assert_close((z * s + 3).cpu(), A * s + 3)

@@ -247,17 +247,18 @@ def rebuild(s, tensors, floats, ints, device):
 _NUMBERS = (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-def _tensor_slots(op) -> tuple:
+def _tensor_slots(op, strict: bool = False) -> tuple:
     """(positional indices, keyword names) of the op's Tensor arguments that
-    need a tensor where boxed calls hand over a number."""
-    slots = _slots_cache.get(op)
+    need a tensor where boxed calls hand over a number. `strict`: also where
+    Python accepts numbers (add, mul...)."""
+    slots = _slots_cache.get((op, strict))
     if slots is None:
         schema = op._schema
         # Python accepts numbers there for a few ops (add, mul...): leave those as they are.
-        lenient = torch._C._should_allow_numbers_as_tensors(schema.name.split("::")[-1])
+        lenient = not strict and torch._C._should_allow_numbers_as_tensors(schema.name.split("::")[-1])
         wanted = [(i, a.name) for i, a in enumerate(schema.arguments)
                   if str(a.type) == "Tensor" and (i == 0 or not lenient)]
-        slots = _slots_cache[op] = (frozenset(i for i, _ in wanted), frozenset(n for _, n in wanted))
+        slots = _slots_cache[(op, strict)] = (frozenset(i for i, _ in wanted), frozenset(n for _, n in wanted))
     return slots
 
 
@@ -270,7 +271,10 @@ def numbers_as_tensors(op, args, kwargs):
     scalars into Python numbers (1 - x arrives as sub.Tensor(1, x),
     x.bitwise_xor(5) as bitwise_xor.Tensor(x, 5)); neither torch-mlir nor a
     direct call of the op takes a number there."""
-    positions, names = _tensor_slots(op)
+    # Beside a complex tensor a traced runtime number must be a real tensor
+    # (PyTorch's refs turn a number into a complex one by guarding on its value).
+    strict = any(isinstance(a, torch.Tensor) and a.is_complex() for a in args)
+    positions, names = _tensor_slots(op, strict)
     if not any(i < len(args) and isinstance(args[i], _NUMBERS) for i in positions) and not any(
         isinstance(v, _NUMBERS) and k in names for k, v in kwargs.items()
     ):
@@ -295,4 +299,8 @@ def _as_tensor(value, like: torch.Tensor):
             dtype = torch.get_default_dtype()
     elif dtype == torch.bool:
         dtype = torch.int64
+    if dtype.is_complex:
+        # A real number beside a complex tensor: a real 0-dim tensor promotes
+        # the same way, and a traced runtime number cannot become a complex one.
+        dtype = dtype.to_real()
     return torch.scalar_tensor(value, dtype=dtype, device=like.device)

@@ -95,6 +95,8 @@ class _Builder:
         if isinstance(v, torch.fx.Node) and v in self.pairs:
             p = self.pairs[v]
             return p if p.meta["val"].dtype == dtype else self.op(prims.convert_element_type.default, p, dtype)
+        if isinstance(v, torch.fx.Node) and not isinstance(v.meta["val"], torch.Tensor):
+            v = self.number(v, dtype)  # a traced runtime number (an executable's scalar input)
         if isinstance(v, torch.fx.Node):
             x = v if v.meta["val"].dtype == dtype else self.op(prims.convert_element_type.default, v, dtype)
             return self.pair_of(x, self.op(aten.zeros_like.default, x))
@@ -103,6 +105,8 @@ class _Builder:
 
     def real_operand(self, v, dtype):
         """A real tensor operand broadcast against pairs (a trailing 1)."""
+        if isinstance(v, torch.fx.Node) and not isinstance(v.meta["val"], torch.Tensor):
+            return self.number(v, dtype)  # a traced runtime number
         if isinstance(v, torch.fx.Node):
             if v.meta["val"].dtype != dtype:
                 v = self.op(prims.convert_element_type.default, v, dtype)
