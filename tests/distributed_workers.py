@@ -588,3 +588,49 @@ def checkpoint_dead_rank(rank, world, port, out_dir):
         error = f"{type(e).__name__}: {e}"[:500]
     torch.save({"error": error}, os.path.join(out_dir, f"{rank}.pt"))
     os._exit(0)
+
+
+def _collective_program(x, w, group):
+    """Device work, functional collectives on its results, device work on
+    theirs: run compiled, each collective must see finished inputs and the
+    work after it finished results."""
+    import torch.distributed._functional_collectives as fc
+
+    world = dist.get_world_size(group)
+    y = torch.tanh(x @ w) * 2 + 1  # a collective's input, still being computed
+    total = fc.all_reduce(y, "sum", group)
+    gathered = fc.all_gather_tensor(total * 0.5, 0, group)
+    scattered = fc.reduce_scatter_tensor(gathered @ w, "sum", 0, group)
+    swapped = fc.all_to_all_single(scattered.contiguous(), None, None, group)
+    return (swapped @ w).sin() + total.sum() / world  # reads every result
+
+
+def compiled_functional_collectives(rank, world, port, out_dir):
+    """The program compiled for neuron against the same program eager on CPU
+    tensors (gloo), forward and backward through an autograd collective."""
+    import torch.distributed._functional_collectives as fc
+
+    import torchneuron
+
+    _start(rank, world, port)
+    group = dist.group.WORLD
+    g = torch.Generator().manual_seed(7 + rank)
+    x, w = torch.randn(512, 512, generator=g), torch.randn(512, 512, generator=g) / 16
+    want = _collective_program(x, w, group)
+    compiled = torch.compile(_collective_program, backend="neuron")
+    got = compiled(x.to("neuron"), w.to("neuron"), group)
+
+    def trained(w):
+        h = fc.all_gather_tensor_autograd(torch.tanh(x_dev @ w), 0, group)
+        return (h @ w).square().mean()
+
+    x_dev = x
+    wc = w.clone().requires_grad_()
+    trained(wc).backward()
+    x_dev = x.to("neuron")
+    wn = w.to("neuron").requires_grad_()
+    torch.compile(trained, backend="neuron")(wn).backward()
+    stats = torchneuron.compile_stats()["dynamo"]
+    torch.save({"forward": (got.cpu(), want), "gradient": (wn.grad.cpu(), wc.grad), "inputs": (x, w),
+                "stats": stats}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()

@@ -280,3 +280,16 @@ def test_a_rank_dying_during_a_checkpoint_leaves_none_to_load(tmp_path):
     survivor = _spawn(workers.checkpoint_dead_rank, tmp_path)[0]
     assert survivor["error"] is not None
     assert not (tmp_path / "checkpoint" / ".metadata").exists()
+
+
+def test_functional_collectives_inside_a_compiled_graph_run_in_order_with_its_device_work(tmp_path):
+    """A graph with functional collectives compiles in pieces around them
+    (none of it falls back to eager) and gives gloo-on-CPU's results."""
+    for rank, found in enumerate(_spawn(workers.compiled_functional_collectives, tmp_path)):
+        got, want = found["forward"]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"rank {rank}")
+        got, want = found["gradient"]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"rank {rank}")
+        stats = found["stats"]
+        assert stats.get("graphs_fallback", 0) == 0, stats
+        assert stats["graphs_around_kernels"] >= 3, stats  # forward, training forward and backward

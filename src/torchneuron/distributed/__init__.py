@@ -36,6 +36,11 @@ def register() -> None:
     capability = dist.Backend.backend_capability.get(dist.Backend.GLOO)
     if capability is not None and "neuron" not in capability:
         capability.append("neuron")
+    from ..lowering.opaque import register_opaque_namespace
     from . import collectives
 
     collectives.install()
+    # A torch.compile graph with functional collectives (compiled DDP, FSDP2,
+    # DTensor) is compiled in pieces around them; they run in graph order.
+    for namespace in ("_c10d_functional", "_c10d_functional_autograd"):
+        register_opaque_namespace(namespace)
