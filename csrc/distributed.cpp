@@ -22,3 +22,33 @@ pybind11::tuple premul_sum(const pybind11::object& reduce_op) {
 }
 
 }  // namespace torchneuron
+
+// DDP's reducer times each iteration (forward, backward compute, communication)
+// with a timer registered for the device type, and warns once for a device
+// without one. Neuron work is asynchronous, so, as the CPU timer does, these
+// are host timestamps: when the reducer saw each event.
+#include <torch/csrc/distributed/c10d/reducer_timer.hpp>
+
+namespace torchneuron {
+namespace {
+
+class NeuronTimer : public c10d::Timer {
+ public:
+  explicit NeuronTimer(c10::Device /* device */) {}
+
+  std::optional<int64_t> measureDifference(Event start, Event end) override {
+    const int64_t start_time = getTimeRef(start);
+    const int64_t end_time = getTimeRef(end);
+    if (start_time == c10d::kUnsetTime || end_time == c10d::kUnsetTime || end_time < start_time) {
+      return std::nullopt;
+    }
+    return end_time - start_time;
+  }
+};
+
+}  // namespace
+}  // namespace torchneuron
+
+namespace c10d {
+C10_REGISTER_TYPED_CLASS(TimerRegistry, c10::kPrivateUse1, torchneuron::NeuronTimer);
+}  // namespace c10d

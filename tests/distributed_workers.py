@@ -513,7 +513,8 @@ def _linear_and_batches(rank):
 
 def ddp_no_sync(rank, world, port, out_dir):
     """Gradient accumulation: the first micro-batch under no_sync (no
-    all-reduce), the second synchronized."""
+    all-reduce), the second synchronized. Then the reducer's time stats,
+    which DDP logs at its tenth iteration."""
     _start(rank, world, port)
     model, x1, x2 = _linear_and_batches(rank)
     ddp_model = _ddp(model.to("neuron"))
@@ -521,7 +522,11 @@ def ddp_no_sync(rank, world, port, out_dir):
         ddp_model(x1.to("neuron")).square().sum().backward()
     local = ddp_model.module.weight.grad.cpu()
     ddp_model(x2.to("neuron")).square().sum().backward()
-    torch.save({"no_sync": local, "synced": ddp_model.module.weight.grad.cpu()}, os.path.join(out_dir, f"{rank}.pt"))
+    synced = ddp_model.module.weight.grad.cpu()
+    for _ in range(10):
+        ddp_model(x2.to("neuron")).square().sum().backward()
+    timing = {k: v for k, v in ddp_model._get_ddp_logging_data().items() if k.startswith("avg_")}
+    torch.save({"no_sync": local, "synced": synced, "timing": timing}, os.path.join(out_dir, f"{rank}.pt"))
     dist.destroy_process_group()
 
 
