@@ -30,6 +30,7 @@ _TINY = {
     "num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 16,
     "image_size": 32, "patch_size": 4,
     "max_source_positions": 32,  # audio encoders' position tables: 64 mel frames after a stride-2 conv
+    "num_queries": 16,  # two-stage detectors pick this many of a tiny image's few encoder positions
 }
 _TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id", "cls_token_id")
 MAX_PARAMETERS = 20_000_000  # a "tiny" model above this is skipped (the shrinking missed a sub-module)
@@ -77,9 +78,9 @@ def _read(cfg, key):
 
 # Deeper tiny variants tried when the default one fails on CPU: hybrid models
 # (Mamba/linear attention + attention) put their first attention layer past
-# layer 2, and multimodal RoPE splits the rotary dims into sections the tiny
-# head size must still hold.
-_VARIANTS = ({}, {"layers": 8}, {"mrope": True}, {"layers": 8, "mrope": True}, {"mla": True})
+# layer 2, multimodal RoPE splits the rotary dims into sections the tiny
+# head size must still hold, and some split heads in fixed groups (CodeGen: 4).
+_VARIANTS = ({}, {"layers": 8}, {"mrope": True}, {"layers": 8, "mrope": True}, {"mla": True}, {"n_heads": 4})
 # Multi-head latent attention (DeepSeek V2/V3 and kin) sizes its heads apart from head_dim.
 _TINY_MLA = {"qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 16,
              "q_lora_rank": 16, "qk_head_dim": 16}
@@ -99,9 +100,14 @@ def _rotary_sections(cfg):
         if not isinstance(hidden, int):
             return
         head_dim = hidden // heads
-    half = int(head_dim * rope.get("partial_rotary_factor", 1.0)) // 2
-    if half < 3:
-        return
+    partial = rope.get("partial_rotary_factor", 1.0)
+    half = int(head_dim * partial) // 2
+    if half < 3:  # too few rotary dims for three sections (GLM-4V: 4 heads of 8, half rotary): wider heads
+        with contextlib.suppress(Exception):
+            cfg.head_dim = head_dim = 16
+        half = int(head_dim * partial) // 2
+        if half < 3 or _read(cfg, "head_dim") != 16:
+            return
     sections = [max(1, round(half * w)) for w in (0.25, 0.375)]
     rope["mrope_section"] = sections + [half - sum(sections)]
 
@@ -191,18 +197,67 @@ def _stages(cfg) -> None:
             setattr(cfg, key, value)
 
 
-def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False, mla: bool = False):
+def _fixed_stem(cfg) -> bool:
+    """A strided convolutional stem (LeViT) sets the patch grid by its own
+    stride and kernel; patch_size only restates it."""
+    return all(isinstance(_read(cfg, k), int) for k in ("stride", "kernel_size"))
+
+
+def _windows(cfg) -> None:
+    """Windowed hierarchical backbones (Swin and kin) halve the patch grid per
+    stage; a stage grid smaller than the window shrinks the window there but
+    not its relative position table. A window of 2 and an image whose last
+    stage still holds one window keep every stage whole."""
+    window, depths = _read(cfg, "window_size"), _read(cfg, "depths")
+    size, patch = _read(cfg, "image_size"), _read(cfg, "patch_size")
+    if not (isinstance(window, int) and isinstance(depths, (list, tuple)) and depths
+            and isinstance(size, int) and isinstance(patch, int)):
+        return
+    scale = 2 ** (len(depths) - 1)
+    if size // patch // scale >= window:
+        return
+    with contextlib.suppress(Exception):
+        cfg.window_size = min(window, 2)
+        cfg.image_size = max(size, patch * cfg.window_size * scale)
+
+
+def _backbone_outputs(cfg) -> None:
+    """ViT backbones (a stage per layer, no per-stage depths) name the layers
+    a neck reads; the tiny depth drops them. The neck reads the last tiny
+    layers instead, as many as there are (it sizes itself by their count)."""
+    indices, names, layers = _read(cfg, "out_indices"), _read(cfg, "stage_names"), _read(cfg, "num_hidden_layers")
+    if not (isinstance(indices, (list, tuple)) and indices and isinstance(names, list) and isinstance(layers, int)
+            and _read(cfg, "depths") is None and max(indices) > layers
+            and hasattr(cfg, "set_output_features_output_indices")):
+        return
+    keep = min(len(indices), layers)
+    with contextlib.suppress(Exception):
+        cfg.stage_names = ["stem"] + [f"stage{i}" for i in range(1, layers + 1)]
+        cfg.set_output_features_output_indices(None, list(range(layers - keep + 1, layers + 1)))
+
+
+def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False, mla: bool = False, n_heads: int = 0):
     import transformers
 
     heads, kv = _read(cfg, "num_attention_heads"), _read(cfg, "num_key_value_heads")
+    channels, patch = _read(cfg, "num_channels") or 3, _read(cfg, "patch_size")
+    flat_patch = isinstance(patch, int) and _read(cfg, "patch_dim") == channels * patch * patch
+    stages = _read(cfg, "out_features")
+    stage_width = (stages[-1] if isinstance(stages, list) and stages and isinstance(stages[-1], int)
+                   and stages[-1] == _read(cfg, "hidden_size") else None)
     for key, value in _TINY.items():
         try:
             current = getattr(cfg, key, None)
         except Exception:  # noqa: BLE001 - per-layer attributes refuse plain reads
             continue
         if isinstance(current, int) and not isinstance(current, bool):
+            if key == "patch_size" and (current < value or _fixed_stem(cfg)):
+                continue  # a patch size of 1 keeps full resolution; a fixed stem implies its own
             with contextlib.suppress(Exception):
                 setattr(cfg, key, value)
+    if stage_width:
+        with contextlib.suppress(Exception):  # the last CNN stage's width, checked against it (EfficientLoFTR)
+            cfg.hidden_size = stage_width
     # Keep the attention variant: multi-head, multi-query or grouped-query.
     if isinstance(heads, int) and isinstance(kv, int) and not isinstance(kv, bool):
         tiny = {"num_key_value_heads": 2}
@@ -215,6 +270,17 @@ def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False, mla: bool
         for key, value in tiny.items():
             with contextlib.suppress(Exception):
                 setattr(cfg, key, value)
+    if n_heads:
+        for key in ("num_attention_heads", "n_head", "n_heads", "head_dim"):
+            value = 8 if key == "head_dim" else n_heads
+            if isinstance(_read(cfg, key), int):
+                with contextlib.suppress(Exception):
+                    setattr(cfg, key, value)
+    rope, tiny_heads = _read(cfg, "rope_parameters"), _read(cfg, "num_attention_heads")
+    if isinstance(rope, dict) and rope.get("partial_rotary_factor", 1) > 1 and isinstance(heads, int) \
+            and isinstance(tiny_heads, int) and tiny_heads != heads:
+        # rotary frequencies over several heads' width (EfficientLoFTR: the whole hidden size)
+        rope["partial_rotary_factor"] = rope["partial_rotary_factor"] * tiny_heads / heads
     if layers != 2:
         for key in _LAYER_KEYS:
             current = _read(cfg, key)
@@ -223,6 +289,31 @@ def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False, mla: bool
                     setattr(cfg, key, layers)
     _ssm_heads(cfg)
     _stages(cfg)
+    context, positions = _read(cfg, "context_size"), _read(cfg, "max_position_embeddings")
+    if isinstance(context, int) and isinstance(positions, int) and context > positions:
+        with contextlib.suppress(Exception):  # attention blocks whose relative positions index the table
+            cfg.context_size = positions
+    if flat_patch:
+        with contextlib.suppress(Exception):  # a flattened patch's width (RADIO): channels x patch area
+            cfg.patch_dim = channels * cfg.patch_size ** 2
+    if isinstance(_read(cfg, "dim_bbox_projection"), int) and isinstance(_read(cfg, "num_attention_heads"), int):
+        with contextlib.suppress(Exception):  # BROS: box positions projected to the head size
+            cfg.dim_bbox_projection = cfg.hidden_size // cfg.num_attention_heads
+    if isinstance(_read(cfg, "channel_shrink_ratio"), int) and _read(cfg, "hidden_size") == _TINY["hidden_size"]:
+        with contextlib.suppress(Exception):  # LiLT: six box embeddings of hidden // 6 concatenate to hidden
+            cfg.hidden_size = 48
+    _windows(cfg)
+    _backbone_outputs(cfg)
+    if _read(cfg, "num_feature_levels") == 0 and _read(cfg, "projector_scale_factors") in ((), []) \
+            and isinstance(_read(cfg, "d_model"), int):
+        with contextlib.suppress(Exception):  # a default with no feature level (LW-DETR): one, at scale 1
+            cfg.projector_scale_factors = [1.0]
+            cfg.projector_in_channels = [cfg.d_model]
+            cfg.num_feature_levels = 1
+    size, patch = _read(cfg, "image_size"), _read(cfg, "patch_size")
+    if isinstance(_read(cfg, "image_embedding_size"), int) and isinstance(size, int) and isinstance(patch, int):
+        with contextlib.suppress(Exception):  # derived at init (SAM's prompt encoder): the patch grid
+            cfg.image_embedding_size = size // patch
     hidden, coordinate = _read(cfg, "hidden_size"), _read(cfg, "coordinate_size")
     if isinstance(hidden, int) and isinstance(coordinate, int) and isinstance(_read(cfg, "shape_size"), int):
         with contextlib.suppress(Exception):  # layout embeddings: 4 coordinates + 2 shapes concatenate to hidden
@@ -234,6 +325,13 @@ def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False, mla: bool
             cfg.image_token_index = _TINY["vocab_size"] - 1
     experts = next((v for v in (_read(cfg, k) for k in ("n_routed_experts", "num_experts", "num_local_experts"))
                     if isinstance(v, int) and not isinstance(v, bool)), None)
+    width = _read(cfg, "moe_intermediate_size")
+    if isinstance(width, int) and width % 4:
+        with contextlib.suppress(Exception):  # grouped expert matmuls need 16-byte strides (DeepSeek-V2: 1407)
+            cfg.moe_intermediate_size = width + 4 - width % 4
+    if experts and "num_experts_per_tok" in vars(cfg) and _read(cfg, "num_experts_per_tok") is None:
+        with contextlib.suppress(Exception):  # routed experts with the per-token count unset (DeepSeek-V2)
+            cfg.num_experts_per_tok = _TINY["num_experts_per_tok"]
     for key in ("n_group", "num_expert_group", "num_group", "topk_group"):  # expert groups divide the experts
         groups = _read(cfg, key)
         if isinstance(experts, int) and isinstance(groups, int) and not isinstance(groups, bool) and groups > 1 \
@@ -253,8 +351,10 @@ def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False, mla: bool
                 with contextlib.suppress(Exception):
                     setattr(cfg, key, value)
         if isinstance(_read(cfg, "qk_rope_head_dim"), int):
-            with contextlib.suppress(Exception):
-                cfg.head_dim = cfg.qk_rope_head_dim  # what the rotary embedding is sized by
+            rope = _read(cfg, "rope_parameters")
+            partial = rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0
+            with contextlib.suppress(Exception):  # what the rotary embedding is sized by (times its share)
+                cfg.head_dim = int(cfg.qk_rope_head_dim / partial)
     if isinstance(_read(cfg, "rotary_dim"), int):
         with contextlib.suppress(Exception):
             cfg.rotary_dim = 8
@@ -265,7 +365,7 @@ def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False, mla: bool
     if depth < 3:
         for value in list(vars(cfg).values()):
             if isinstance(value, transformers.PretrainedConfig):
-                _shrink(value, depth + 1, layers, mrope, mla)
+                _shrink(value, depth + 1, layers, mrope, mla, n_heads)
     return cfg
 
 
@@ -297,7 +397,17 @@ def _widths(cfg) -> set:
     return out
 
 
-def _shrink_widths(cfg, widths: set) -> None:
+def _joint_width(cfg):
+    """The widths of a configuration's sub-models, concatenated (X-Codec's
+    codebook_dim: acoustic + semantic hidden sizes), where it has several."""
+    import transformers
+
+    subs = [_read(v, "hidden_size") for v in vars(cfg).values() if isinstance(v, transformers.PretrainedConfig)]
+    subs = [w for w in subs if isinstance(w, int) and not isinstance(w, bool)]
+    return sum(subs) if len(subs) > 1 else None
+
+
+def _shrink_widths(cfg, widths: set, joint: dict | None = None) -> None:
     """A sub-module sized by another part's hidden size names it in its own
     attribute (a Q-Former's encoder_hidden_size, a decoder's
     cross_attention_hidden_size, a projection_dim equal to the width): any
@@ -306,8 +416,24 @@ def _shrink_widths(cfg, widths: set) -> None:
     for c in _configs(cfg):
         for key, value in list(vars(c).items()):
             name = key.lower()
-            if not (isinstance(value, int) and not isinstance(value, bool)
-                    and any(w in name for w in _WIDTH_NAME) and not any(w in name for w in _NOT_WIDTH_NAME)):
+            if name.endswith("pos_feats") and isinstance(value, int) and 2 * value in widths:
+                with contextlib.suppress(Exception):  # sine and cosine halves of a width (SAM)
+                    setattr(c, key, _TINY["hidden_size"] // 2)
+                continue
+            if not (any(w in name for w in _WIDTH_NAME) and not any(w in name for w in _NOT_WIDTH_NAME)):
+                continue
+            if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) and v in widths for v in value):
+                with contextlib.suppress(Exception):  # one width per level (D-FINE's decoder_in_channels)
+                    setattr(c, key, [_TINY["hidden_size"]] * len(value))
+                continue
+            if not (isinstance(value, int) and not isinstance(value, bool)):
+                continue
+            stages = _read(c, "out_features")
+            if isinstance(stages, list) and stages and value == stages[-1]:
+                continue  # the last CNN stage's width (EfficientLoFTR), not shrunk with the rest
+            if joint and joint.get(id(c)) == value and _joint_width(c):
+                with contextlib.suppress(Exception):
+                    setattr(c, key, _joint_width(c))
                 continue
             for times in (1, 2):  # a width, or two widths concatenated (Zamba's attention input)
                 if value in {w * times for w in widths}:
@@ -325,8 +451,9 @@ def build(model_type: str, cls_name: str, variant: dict | None = None):
     def construct(attention_layer: bool):
         config = config_cls()
         widths = _widths(config)
+        joint = {id(c): _joint_width(c) for c in _configs(config)}
         config = _shrink(config, **(variant or {}))
-        _shrink_widths(config, widths)
+        _shrink_widths(config, widths, joint)
         if attention_layer:
             for c in _configs(config):
                 _keep_an_attention_layer(c)

@@ -33,6 +33,12 @@ _AUDIO = ("audio_config", "encoder_config", "audio_encoder_config", "acoustic_co
 
 
 def _not_buildable(message: str) -> Exception:
+    import sys
+
+    # A census worker runs census.py as __main__: its NotBuildable is the class run_one catches.
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) == "torchneuron.eval.census":
+        return main.NotBuildable(message)
     from torchneuron.eval.census import NotBuildable  # census imports this module lazily
 
     return NotBuildable(message)
@@ -115,6 +121,9 @@ def _decoder(spec: _Spec, out: dict) -> dict:
     if "decoder_input_ids" not in spec.params or "decoder_input_ids" in out:
         return {}
     ids = out.get("input_ids")
+    channels = _get(_get(spec.config, "decoder_config"), "num_channels")
+    if isinstance(channels, int):  # a decoder of parallel codebook streams (Dia): (batch, steps, channels)
+        return {"decoder_input_ids": spec.ids((BATCH, 4, channels), ("decoder_config",))}
     return {"decoder_input_ids": ids[:, :4].clone() if ids is not None else spec.ids((BATCH, 4))}
 
 
@@ -166,9 +175,16 @@ def _frames(spec: _Spec):
     return None
 
 
+def _matches_pairs(spec: _Spec) -> bool:
+    """Keypoint matchers (LightGlue, EfficientLoFTR) take images in pairs."""
+    from transformers.models.auto import modeling_auto
+
+    return _get(spec.config, "model_type") in getattr(modeling_auto, "MODEL_FOR_KEYPOINT_MATCHING_MAPPING_NAMES", {})
+
+
 def _pixels(spec: _Spec, name: str = "pixel_values") -> dict:
     channels, (h, w) = _channels(spec), _image_size(spec)
-    frames = _frames(spec)
+    frames = 2 if _matches_pairs(spec) else _frames(spec)
     if frames:
         return {name: spec.randn(BATCH, frames, channels, h, w)}
     return {name: spec.randn(BATCH, channels, h, w)}
@@ -202,6 +218,28 @@ def _patch_sequence(spec: _Spec, pixel_name: str, grid_name: str) -> dict:
     return out
 
 
+def _patch_grid(spec: _Spec, name: str) -> dict:
+    """Vision towers fed a padded sequence of flattened patches with its
+    layout (SigLIP 2: spatial_shapes and a patch mask; Gemma 4: each patch's
+    (x, y)): a side x side grid per image, side a multiple of the pooling
+    kernel where the tower pools patches."""
+    import torch
+
+    patch = spec.find("patch_size", _VISION) or 16
+    pool = spec.find("pooling_kernel_size", _VISION) or 2
+    side = 2 * pool
+    n = side * side
+    out = {name: spec.randn(BATCH, n, _channels(spec) * patch * patch)}
+    if "spatial_shapes" in spec.params:
+        out["spatial_shapes"] = torch.tensor([[side, side]] * BATCH)
+    if "pixel_attention_mask" in spec.params:
+        out["pixel_attention_mask"] = torch.ones(BATCH, n, dtype=torch.long)
+    if "pixel_position_ids" in spec.params:
+        y, x = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+        out["pixel_position_ids"] = torch.stack([x.flatten(), y.flatten()], -1).expand(BATCH, n, 2).clone()
+    return out
+
+
 # -- audio -----------------------------------------------------------------------
 
 def _mel_bins(spec: _Spec) -> int:
@@ -209,9 +247,49 @@ def _mel_bins(spec: _Spec) -> int:
     stacked = spec.find("feature_projection_input_dim", _AUDIO)
     if stacked:
         return stacked
-    bins = spec.find(("num_mel_bins", "input_feat_per_channel", "feature_size", "n_mels", "mel_bins"), _AUDIO) or 80
+    bins = spec.find(("num_mel_bins", "input_feat_per_channel", "feature_size", "n_mels", "mel_bins"), _AUDIO)
+    bins = bins or _bins_from_subsampling(spec) or 80
     frames = spec.find("num_stacked_frames", _AUDIO)
-    return bins * frames if frames else bins
+    return bins * frames if frames else bins * _stacked(spec, bins)
+
+
+def _stacked(spec: _Spec, bins: int) -> int:
+    """Frames stacked into one input vector (Granite Speech 5): nothing reads
+    the bins themselves, the first linear layer reads a multiple of them."""
+    import torch
+
+    layers = spec.modules((torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d))
+    if not layers or any(getattr(m, "in_features", getattr(m, "in_channels", None)) in (bins, 1) for m in layers):
+        return 1  # read as they are, or as a one-channel (frames, bins) image
+    first = layers[0]
+    if isinstance(first, torch.nn.Linear) and first.in_features % bins == 0:
+        if spec.find("subsampling_factor", _AUDIO) == first.in_features // bins:
+            return 1  # the model stacks them itself (Nemotron 3 audio)
+        return first.in_features // bins
+    return 1
+
+
+def _bins_from_subsampling(spec: _Spec):
+    """No mel-bin count configured (Gemma 4 audio): 2-D convolutions from one
+    channel subsample (frames, bins) as an image, and a linear layer reads
+    the flattened channels x bins; undo the frequency strides."""
+    import torch
+
+    convs = spec.modules(torch.nn.Conv2d)
+    if not convs or convs[0].in_channels != 1:
+        return None
+    chain = [convs[0]]
+    for conv in convs[1:]:
+        if conv.in_channels != chain[-1].out_channels:
+            break
+        chain.append(conv)
+    linear = next(iter(spec.modules(torch.nn.Linear)), None)
+    if linear is None or linear.in_features % chain[-1].out_channels:
+        return None
+    bins = linear.in_features // chain[-1].out_channels
+    for conv in chain:
+        bins *= conv.stride[1]
+    return bins
 
 
 def _channels_first(spec: _Spec, bins: int) -> bool:
@@ -275,10 +353,17 @@ def _build_main(spec: _Spec, name: str) -> dict:
     grid = _grid_param(spec)
     if grid and name in ("hidden_states", "pixel_values"):
         return _patch_sequence(spec, name, grid)
+    if name == "pixel_values" and ("spatial_shapes" in spec.params or "pixel_position_ids" in spec.params):
+        return _patch_grid(spec, name)
     if name == "input_ids" or name.endswith("input_ids"):
         return _text(spec, name)
     if name in _IMAGE_NAMES:
         return _pixels(spec, name)
+    width = spec.find("encoder_hidden_size")
+    if name.endswith("_embeds") and "encoder_hidden_states" in spec.params and width:
+        # A cross-attending stack built alone (BLIP-2's Q-Former): its queries and what they attend to.
+        hidden = spec.find("hidden_size", _TEXT) or 32
+        return {name: spec.randn(BATCH, SEQ, hidden), "encoder_hidden_states": spec.randn(BATCH, SEQ, width)}
     if name == "input_values":
         return _audio_values(spec, name)
     if name in _AUDIO_FEATURE_NAMES:
@@ -380,6 +465,10 @@ def _placeholders(spec: _Spec, out: dict) -> dict:
 
 
 def inputs_for(model, config) -> dict:
+    import torch
+
+    if type(model).forward is torch.nn.Module.forward:
+        raise _not_buildable("the model class has no forward of its own (a container of sub-models)")
     spec = _Spec(model, config)
     out = _build_main(spec, _main(spec))
     out.update(_dual(spec, out))
