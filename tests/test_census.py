@@ -203,3 +203,38 @@ def test_a_hybrid_keeps_an_attention_layer_and_its_mamba_heads_fit():
     _, config = _reference_runs("bamba")
     assert "full_attention" in config.layers_block_type
     assert config.mamba_n_heads * config.mamba_d_head == config.mamba_expand * config.hidden_size
+
+
+def test_a_windowed_backbone_gets_windows_every_stage_holds():
+    _, config = _reference_runs("swin")
+    last_grid = config.image_size // config.patch_size // 2 ** (len(config.depths) - 1)
+    assert last_grid >= config.window_size
+
+
+def test_keypoint_matchers_get_image_pairs_and_patch_grid_towers_their_layout():
+    inputs, _ = _reference_runs("lightglue")
+    assert inputs["pixel_values"].shape[:2] == (census.BATCH, 2)
+    inputs, _ = _reference_runs("siglip2_vision_model")
+    n = inputs["pixel_values"].shape[1]
+    assert inputs["pixel_attention_mask"].shape == (census.BATCH, n)
+    assert (inputs["spatial_shapes"].prod(-1) == n).all()
+
+
+def test_a_router_initialized_to_zeros_gets_random_weights():
+    """Equal scores would let top-k pick experts in an order PyTorch leaves open."""
+    arch = {a[0]: a for a in census.architectures()}["afmoe"]
+    model, config = census.build("afmoe", arch[1])
+    routers = [m for n, m in model.named_modules() if n.endswith("router.gate")]
+    assert routers and all(r.weight.abs().min() > 0 for r in routers)
+
+
+def test_the_comparison_tolerance_scales_with_the_tensor():
+    import torch
+
+    big = torch.randn(64) * 1e12
+    assert census._compare([big * (1 + 1e-6)], [big], "gradient") is None  # float32 summation order
+    wrong = big.clone()
+    wrong[3] = -wrong[3]
+    assert census._compare([wrong], [big], "gradient").startswith("gradient[0]")
+    small = torch.linspace(-1, 1, 64)
+    assert census._compare([small + 3e-3], [small], "output") is not None  # unit scale: 1e-3 as before
