@@ -596,6 +596,11 @@ def _run(model, inputs: dict, device: str, backward: bool, compiled: bool = Fals
     import torch
 
     model = model.to(device)
+    # Modules that cache values derived from their parameters in eval mode (LeViT's attention
+    # biases, per device) drop them when switched to training: a run without grad must not leave
+    # the next run cached values that carry no gradient.
+    model.train()
+    model.eval()
     args = {k: v.to(device) for k, v in inputs.items()}
     model.zero_grad(set_to_none=True)
     call = torch.compile(model, backend="neuron") if compiled else model
