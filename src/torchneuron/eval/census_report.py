@@ -140,7 +140,7 @@ def write_markdown(path: str, summary: dict, representative: dict, command: str)
         "# Model census",
         "",
         "Every architecture in Hugging Face Transformers, built offline from a tiny random configuration, "
-        "run forward (and backward where it trains) on neuron and on CPU, compared with rtol = atol = 1e-3. "
+        "run forward (and backward where it trains) on neuron and on CPU, compared with rtol = 1e-3 and atol = 1e-3 times the tensor's largest value (at least 1e-3). "
         "`reference-error`: the generic tiny inputs or configuration make the model fail on CPU too "
         "(not a backend result). Modes: `host` runs every op on the host fallback, `compile` compiles "
         "every op (the default execution mode).",
