@@ -640,34 +640,3 @@ def compiled_functional_collectives(rank, world, port, out_dir):
                 "stats": stats}, os.path.join(out_dir, f"{rank}.pt"))
     dist.destroy_process_group()
 
-
-def collective_on_its_stream(rank, world, port, out_dir):
-    """A collective waits for the current stream's work, not for a held
-    other stream's (as NCCL on CUDA)."""
-    import time
-
-    import torchneuron
-    from torchneuron.runtime.streams import hold
-
-    _start(rank, world, port)
-    base, m = torch.full((256, 256), float(rank + 1)), torch.randn(256, 256)
-    base_n, m_n = base.to("neuron"), m.to("neuron")
-    for _ in range(2):  # every op compiled: an op on the host path waits for every stream
-        (base_n * 2 + 1, m_n @ m_n)
-        torchneuron.wait_for_compiles(timeout=600)
-    torch.neuron.synchronize()
-    side = torch.neuron.Stream()
-    with hold(side, release_after=30.0) as gate:
-        with torch.neuron.stream(side):
-            m_n @ m_n  # held back
-        t = base_n * 2 + 1  # the collective's input, on the current stream
-        started = time.perf_counter()
-        dist.all_reduce(t)
-        took = time.perf_counter() - started
-        gate.release()
-    result = t.cpu()
-    torch.neuron.synchronize()
-    torch.save({"took": took, "result": result, "expected": sum(torch.full((256, 256), 2.0 * (r + 1) + 1)
-                                                                  for r in range(world))},
-               os.path.join(out_dir, f"{rank}.pt"))
-    dist.destroy_process_group()

@@ -5,10 +5,11 @@ Every collective a process group runs (dist.all_reduce, DDP's buckets,
 FSDP2's all-gathers, the functional collectives DTensor uses) is a c10d op
 dispatched on its tensors' device. The neuron kernel of each:
 
-1. waits for the device work that the collective's tensors depend on: the
-   current stream's work, as NCCL waits for the current stream on CUDA (work
-   on other streams is ordered by the user's events, as there; adaptive
-   eager's pending graph is cut first), so gloo reads finished values;
+1. waits for the device work that the collective's tensors depend on (every
+   stream of the device is drained: a stream that only waits on another's
+   event has nothing of its own to wait for, and FSDP2 issues its collectives
+   on such streams; adaptive eager's pending graph is cut first), so gloo
+   reads finished values;
 2. calls the same op on zero-copy CPU aliases of the tensors (on the CPU
    target device memory is host memory), which gloo runs; outputs land in
    the neuron tensors' memory with no copy;
@@ -146,11 +147,11 @@ def _reduce_scatter_base(output, input, process_group, reduce_op, async_op=True,
 
 
 def _ready(tensors: list) -> list:
-    """Host aliases of neuron tensors, once the current stream has written them."""
+    """Host aliases of neuron tensors, once the device has written them."""
     devices: set = set()
     aliases = _aliases(list(tensors), {}, devices)
     for index in devices:
-        torch.neuron.current_stream(index).synchronize()
+        torch.neuron.synchronize(index)
     return aliases
 
 
@@ -176,7 +177,7 @@ def _kernel(op):
         host_args = _aliases(args, found, devices)
         host_kwargs = {k: _aliases(v, found, devices) for k, v in kwargs.items()} if kwargs else kwargs
         for index in devices:
-            torch.neuron.current_stream(index).synchronize()  # gloo reads what the device has finished writing
+            torch.neuron.synchronize(index)  # gloo reads what the device has finished writing
         _with_cpu_backend(args[group_at] if group_at < len(args) else kwargs["process_group"])
         return _originals(op(*host_args, **host_kwargs), found)
 
