@@ -636,7 +636,7 @@ def compiled_functional_collectives(rank, world, port, out_dir):
     wn = w.to("neuron").requires_grad_()
     torch.compile(trained, backend="neuron")(wn).backward()
     stats = torchneuron.compile_stats()["dynamo"]
-    torch.save({"forward": (got.cpu(), want), "gradient": (wn.grad.cpu(), wc.grad), "inputs": (x, w),
-                "stats": stats}, os.path.join(out_dir, f"{rank}.pt"))
+    torch.save({"forward": (got.cpu(), want), "gradient": (wn.grad.cpu(), wc.grad),
+                "inputs": ((x_dev.cpu(), wn.detach().cpu()), (x, w)), "stats": stats},
+               os.path.join(out_dir, f"{rank}.pt"))
     dist.destroy_process_group()
-

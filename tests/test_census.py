@@ -28,14 +28,17 @@ def test_unbuildable_models_are_counted_with_a_reason_and_hangs_time_out(tmp_pat
     # dinat needs the optional natten package: "not buildable", never a backend failure.
     results = _run(tmp_path, ["dinat"])
     assert results["dinat"]["status"] == "not-buildable" and "natten" in results["dinat"]["reason"]
+    # Raised by the input rules in a worker process: not buildable too, not a crash.
+    results = _run(tmp_path, ["decision_transformer"])
+    assert results["decision_transformer"]["status"] == "not-buildable", results["decision_transformer"]
     # A model that cannot finish in time is killed and recorded; the run goes on.
     results = _run(tmp_path, ["bert"], timeout=1.0)
     assert results["bert"]["status"] == "timeout"
     # Resumable: what is recorded is not run again.
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
-    assert len(lines) == 2
+    assert len(lines) == 3
     _run(tmp_path, ["dinat", "bert"])
-    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 3
 
 
 def test_representative_stage_runs_models_compiled_against_cpu(tmp_path, monkeypatch):

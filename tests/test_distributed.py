@@ -292,7 +292,8 @@ def test_functional_collectives_inside_a_compiled_graph_run_in_order_with_its_de
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"rank {rank}")
         got, want = found["gradient"]
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"rank {rank}")
+        for got, want in zip(*found["inputs"]):  # the inputs are left as they were
+            assert torch.equal(got, want), f"rank {rank}"
         stats = found["stats"]
         assert stats.get("graphs_fallback", 0) == 0, stats
         assert stats["graphs_around_kernels"] >= 3, stats  # forward, training forward and backward
-

@@ -841,4 +841,8 @@ if __name__ == "__main__":
     parser.add_argument("--worker", nargs="+", metavar="TYPE CLASS HEAD", help="one or more model triples")
     parser.add_argument("--modes", nargs="+", default=["compile"], choices=MODES)
     parser.add_argument("--record", default=None, help="a shape registry this worker records into")
-    raise SystemExit(_worker(parser.parse_args()))
+    # Run in the imported module, not in __main__: its classes (NotBuildable) are
+    # the ones census_inputs raises.
+    from torchneuron.eval import census as _imported
+
+    raise SystemExit(_imported._worker(parser.parse_args()))

@@ -33,12 +33,6 @@ _AUDIO = ("audio_config", "encoder_config", "audio_encoder_config", "acoustic_co
 
 
 def _not_buildable(message: str) -> Exception:
-    import sys
-
-    # A census worker runs census.py as __main__: its NotBuildable is the class run_one catches.
-    main = sys.modules.get("__main__")
-    if getattr(getattr(main, "__spec__", None), "name", None) == "torchneuron.eval.census":
-        return main.NotBuildable(message)
     from torchneuron.eval.census import NotBuildable  # census imports this module lazily
 
     return NotBuildable(message)
