@@ -4,8 +4,8 @@ demo GPT's DDP step on 2 ranks vs 1 rank (the same batch per rank).
 
     python bench/distributed.py [--rounds 5] [--write docs/benchmarks.md]
 
-All_reduce: each round times neuron and CPU tensors in turn (each case: 3
-warm-up calls, then the median of 50 (1 MB) or 5 (64 MB) synchronous calls); bus bandwidth
+All_reduce: neuron and CPU tensors call by call in turn (after 3 warm-up calls
+each), the median of rounds x 50 (1 MB) or rounds x 5 (64 MB) synchronous calls; bus bandwidth
 as nccl-tests define it, 2 (n - 1) / n * bytes / time. DDP: the steady step
 (median of the second half of 20 steps) in a 1-rank and a 2-rank group, in
 turn for the rounds.
@@ -51,18 +51,22 @@ def _all_reduce_worker(rank, world, port, out, rounds):
     _start(rank, world, port)
     seconds = {(mb, device): [] for mb in SIZES_MB for device in ("neuron", "cpu")}
     tensors = {(mb, device): torch.ones(mb * 2**20 // 4, device=device) for mb, device in seconds}
-    for _ in range(rounds):
-        for (mb, device), t in tensors.items():
+
+    def timed(mb, device):
+        started = time.perf_counter()
+        dist.all_reduce(tensors[(mb, device)])
+        if device == "neuron":
+            torch.neuron.synchronize()
+        return time.perf_counter() - started
+
+    for mb in SIZES_MB:
+        for device in ("neuron", "cpu"):
             for _ in range(3):
-                dist.all_reduce(t)
-            samples = []
-            for _ in range(ITERS[mb]):
-                started = time.perf_counter()
-                dist.all_reduce(t)
-                if device == "neuron":
-                    torch.neuron.synchronize()
-                samples.append(time.perf_counter() - started)
-            seconds[(mb, device)].append(statistics.median(samples))
+                timed(mb, device)
+        # Call by call in turn: the machine's noise moves both figures alike.
+        for _ in range(rounds * ITERS[mb]):
+            for device in ("neuron", "cpu"):
+                seconds[(mb, device)].append(timed(mb, device))
     if rank == 0:
         with open(out, "w") as f:
             json.dump({f"{mb} {device}": statistics.median(v) for (mb, device), v in seconds.items()}, f)
@@ -127,8 +131,8 @@ def main() -> None:
         f"Command: `{command_line()}`  ",
         f"Machine: {machine()}  ",
         f"2 ranks on one host (loopback), `init_process_group(\"cpu:gloo,neuron:neuron\")`. All_reduce: "
-        f"float32, neuron and CPU tensors in turn, {args.rounds} rounds of {ITERS[1]} (1 MB) or {ITERS[64]} (64 MB) synchronous calls (the "
-        "neuron figure includes waiting for the device); bus bandwidth = 2 (n - 1) / n * bytes / time.",
+        f"float32, neuron and CPU tensors call by call in turn, the median of {args.rounds * ITERS[1]} (1 MB) or "
+        f"{args.rounds * ITERS[64]} (64 MB) synchronous calls each (the neuron figure includes waiting for the device); bus bandwidth = 2 (n - 1) / n * bytes / time.",
         "",
         "| size | neuron | gloo on CPU tensors | neuron / CPU bandwidth |",
         "|---|---:|---:|---:|",

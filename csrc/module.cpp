@@ -16,6 +16,7 @@ void set_stream_api(pybind11::object api);  // guard.cpp
 void set_profiler_api(pybind11::object api);  // profiler.cpp
 pybind11::tuple premul_sum(const pybind11::object& reduce_op);  // distributed.cpp
 uint64_t current_correlation_id();  // profiler.cpp
+void register_collective_kernels();  // distributed.cpp
 
 namespace {
 
@@ -24,6 +25,8 @@ struct StorageRef {
 };
 
 void release_storage_ref(void* ctx) { delete static_cast<StorageRef*>(ctx); }
+
+}  // namespace
 
 // A CPU tensor over the same memory as a neuron tensor (same size, strides and
 // offset). It keeps the neuron storage alive. This is the zero-copy host view
@@ -39,6 +42,8 @@ at::Tensor host_alias(const at::Tensor& t) {
   out.set_(cpu_storage, t.storage_offset(), t.sizes(), t.strides());
   return out;
 }
+
+namespace {
 
 // A 1-D uint8 CPU tensor over `nbytes` bytes of a tensor's storage, starting
 // `byte_offset` bytes in; it keeps the storage alive. IREE imports it (through
@@ -152,6 +157,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("host_alias", &host_alias);
   m.def("premul_sum", &premul_sum);
+  m.def("register_collective_kernels", &register_collective_kernels);
   m.def("device_copy_of", &device_copy_of);
   m.def("host_bytes", &host_bytes);
 }

@@ -4,6 +4,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/Allocator.h>
 #include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>
@@ -58,6 +59,10 @@ bool memory_guards_enabled();
 void enable_memory_guards(bool on);
 void* guarded_allocate(size_t nbytes, c10::DeviceIndex device);  // nullptr when the host refuses
 bool guarded_free(void* ptr);  // false: not a guarded allocation
+
+// A CPU tensor over a neuron tensor's memory (same sizes, strides, offset);
+// it keeps the neuron storage alive (module.cpp).
+at::Tensor host_alias(const at::Tensor& t);
 std::vector<GuardViolation> check_memory_guards(bool thorough);
 std::vector<GuardViolation> check_memory_guards_at(const std::vector<uintptr_t>& addresses);
 

@@ -25,7 +25,6 @@ neuron only gets the neuron backend (a gloo) registered for CPU too.
 
 from __future__ import annotations
 
-import datetime
 import threading
 import warnings
 
@@ -40,6 +39,12 @@ OPS = (
     "reduce_scatter_tensor_coalesced_", "alltoall_", "alltoall_base_", "gather_", "scatter_", "barrier",
     "monitored_barrier_", "send", "recv_", "recv_any_source_",
 )
+
+# The hot collectives (DDP's buckets, FSDP2's flat all-gathers and
+# reduce-scatters) have the same kernels in C++ (csrc/distributed.cpp): a
+# Python kernel's boxed arguments cost ~40 us per call, a third of a 1 MB
+# all_reduce on 2 ranks.
+_IN_CPP = ("allreduce_", "_allgather_base_", "_reduce_scatter_base_")
 
 _library = None
 _lock = threading.Lock()
@@ -110,58 +115,6 @@ def _premul_sum_as_sum(name, names, args):
     return tuple(args)
 
 
-def _options(kind, timeout, async_op, reduce_op=None):
-    c10d = torch._C._distributed_c10d
-    options = kind()
-    options.asyncOp = async_op
-    if timeout is not None and timeout >= 0:
-        options.timeout = datetime.timedelta(milliseconds=timeout)
-    if reduce_op is not None:
-        options.reduceOp = c10d.ReduceOp(c10d.ReduceOp.RedOpType(reduce_op.op()))
-    return options
-
-
-def _cpu_backend(process_group):
-    _with_cpu_backend(process_group)
-    return torch._C._distributed_c10d.ProcessGroup.unbox(process_group)._get_backend(_CPU)
-
-
-def _allreduce(tensors, process_group, reduce_op, sparse_indices=None, async_op=True, timeout=-1):
-    options = _options(torch._C._distributed_c10d.AllreduceOptions, timeout, async_op, reduce_op)
-    work = _cpu_backend(process_group).allreduce(_ready(tensors), options)
-    return tensors, work.boxed()
-
-
-def _allgather_base(output, input, process_group, async_op=True, timeout=-1):
-    options = _options(torch._C._distributed_c10d.AllgatherOptions, timeout, async_op)
-    host_output, host_input = _ready([output, input])
-    work = _cpu_backend(process_group)._allgather_base(host_output, host_input, options)
-    return output, work.boxed()
-
-
-def _reduce_scatter_base(output, input, process_group, reduce_op, async_op=True, timeout=-1):
-    options = _options(torch._C._distributed_c10d.ReduceScatterOptions, timeout, async_op, reduce_op)
-    host_output, host_input = _ready([output, input])
-    work = _cpu_backend(process_group)._reduce_scatter_base(host_output, host_input, options)
-    return output, work.boxed()
-
-
-def _ready(tensors: list) -> list:
-    """Host aliases of neuron tensors, once the device has written them."""
-    devices: set = set()
-    aliases = _aliases(list(tensors), {}, devices)
-    for index in devices:
-        torch.neuron.synchronize(index)
-    return aliases
-
-
-# The hot collectives (DDP's buckets, FSDP's flat all-gathers and reduce-scatters)
-# call the group's CPU backend directly: calling the c10d op again from inside
-# its neuron kernel costs about 0.1 ms more per call (measured with 1 MB, 2 ranks).
-_DIRECT = {"allreduce_": _allreduce, "_allgather_base_": _allgather_base,
-           "_reduce_scatter_base_": _reduce_scatter_base}
-
-
 def _kernel(op):
     names = [a.name for a in op._schema.arguments]
     group_at = names.index("process_group")
@@ -182,17 +135,7 @@ def _kernel(op):
         return _originals(op(*host_args, **host_kwargs), found)
 
     collective.__name__ = str(op)
-    direct = _DIRECT.get(name)
-    if direct is None:
-        return collective
-
-    def direct_or_general(*args, **kwargs):
-        if kwargs or (reduce_at is not None and reduce_at < len(args) and args[reduce_at].op() == _PREMUL_SUM):
-            return collective(*args, **kwargs)
-        return direct(*args)
-
-    direct_or_general.__name__ = str(op)
-    return direct_or_general
+    return collective
 
 
 def install() -> None:
@@ -206,6 +149,7 @@ def install() -> None:
         warnings.simplefilter("ignore")
         for name in OPS:
             packet = getattr(torch.ops.c10d, name, None)
-            if packet is not None:
+            if packet is not None and name not in _IN_CPP:
                 library.impl(name, _kernel(packet.default), "PrivateUse1")
+    _C.register_collective_kernels()
     _library = library
