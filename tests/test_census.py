@@ -231,6 +231,16 @@ def test_a_router_initialized_to_zeros_gets_random_weights():
     assert routers and all(r.weight.abs().min() > 0 for r in routers)
 
 
+def test_zero_matrices_get_random_values_and_zero_vectors_stay():
+    """InstructBLIP's query tokens start as zeros (a LayerNorm with no variance
+    follows); biases initialized to zeros are as a trained model could have them."""
+    arch = {a[0]: a for a in census.architectures()}["instructblip"]
+    model, config = census.build("instructblip", arch[1])
+    assert model.query_tokens.abs().min() > 0
+    biases = [p for n, p in model.named_parameters() if n.endswith("bias") and p.dim() == 1]
+    assert any(not b.any() for b in biases)
+
+
 def test_the_comparison_tolerance_scales_with_the_tensor():
     import torch
 

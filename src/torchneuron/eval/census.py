@@ -470,7 +470,7 @@ def build(model_type: str, cls_name: str, variant: dict | None = None):
     except Exception as e:  # noqa: BLE001 - every way a build can fail is a reason, not a crash
         raise NotBuildable(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}") from None
     _without_sampling_noise(model)
-    _without_routing_ties(model, config)
+    _without_zero_matrices(model)
     n = sum(p.numel() for p in model.parameters())
     if n > MAX_PARAMETERS:
         raise NotBuildable(f"too large for a tiny census model ({n / 1e6:.0f}M parameters)")
@@ -488,21 +488,21 @@ def _without_sampling_noise(model) -> None:
                 setattr(module, name, 0.0)
 
 
-def _without_routing_ties(model, config) -> None:
-    """A router initialized to zeros (AFMoE) scores every expert alike, and
-    top-k among equal scores picks experts in an order PyTorch leaves
-    unspecified (CPU picks 2, 3 of 4; another backend may pick 0, 1). The
-    census compares a router with random weights, as a trained one has."""
+def _without_zero_matrices(model) -> None:
+    """A weight matrix or embedding left at zeros by the model's init (an
+    AFMoE router, InstructBLIP's query tokens) is random here, as after
+    training: a zero router scores every expert alike, and top-k among equal
+    scores picks experts in an order PyTorch leaves unspecified (CPU picks
+    2, 3 of 4; another backend may pick 0, 1); zero query tokens reach a
+    LayerNorm with no variance, whose gradient is 1/sqrt(eps) times its input's
+    rounding. The census compares computations, not ties and rounding noise."""
     import torch
 
-    experts = {v for c in _configs(config) for v in (_read(c, k) for k in ("n_routed_experts", "num_experts",
-                                                                              "num_local_experts"))
-               if isinstance(v, int) and not isinstance(v, bool)}
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and module.out_features in experts and not module.weight.any():
-                module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * 0.02)
+        for parameter in model.parameters():
+            if parameter.dim() >= 2 and parameter.is_floating_point() and parameter.numel() > 1 and not parameter.any():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype) * 0.02)
 
 
 def inputs_for(model, config) -> dict:
