@@ -21,15 +21,19 @@
 
 namespace torchneuron {
 
+// gloo has no PREMUL_SUM(f): the inputs are scaled by f on the device, then summed.
+double premul_factor(const c10d::ReduceOp& op) {
+  auto* supplement = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK(supplement != nullptr, "PREMUL_SUM without a factor");
+  return supplement->tensor_factor.defined() ? supplement->tensor_factor.item<double>() : supplement->double_factor;
+}
+
 pybind11::tuple premul_sum(const pybind11::object& reduce_op) {
   auto value = torch::jit::toIValue(reduce_op, c10::getCustomClassType<c10::intrusive_ptr<c10d::ReduceOp>>());
   auto op = value.toCustomClass<c10d::ReduceOp>();
-  auto* supplement = dynamic_cast<c10d::PreMulSumSupplement*>(op->supplement_.get());
-  TORCH_CHECK(op->op_ == c10d::ReduceOp::PREMUL_SUM && supplement != nullptr, "not a PREMUL_SUM reduction");
-  const double factor =
-      supplement->tensor_factor.defined() ? supplement->tensor_factor.item<double>() : supplement->double_factor;
+  TORCH_CHECK(op->op_ == c10d::ReduceOp::PREMUL_SUM, "not a PREMUL_SUM reduction");
   auto sum = c10::make_intrusive<c10d::ReduceOp>(c10d::ReduceOp::SUM);
-  return pybind11::make_tuple(factor, torch::jit::toPyObject(c10::IValue(sum)));
+  return pybind11::make_tuple(premul_factor(*op), torch::jit::toPyObject(c10::IValue(sum)));
 }
 
 // The hot collectives (DDP's buckets, FSDP2's flat all-gathers and
@@ -73,13 +77,6 @@ c10::intrusive_ptr<c10d::Backend> cpu_backend(const Group& group) {
   return group->getBackend(c10::DeviceType::CPU);
 }
 
-// gloo has no PREMUL_SUM(f): the inputs are scaled by f on the device, then summed.
-double premul_factor(const c10d::ReduceOp& op) {
-  auto* supplement = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
-  TORCH_CHECK(supplement != nullptr, "PREMUL_SUM without a factor");
-  return supplement->tensor_factor.defined() ? supplement->tensor_factor.item<double>() : supplement->double_factor;
-}
-
 c10d::ReduceOp summed(const c10::intrusive_ptr<c10d::ReduceOp>& op) {
   return op->op_ == c10d::ReduceOp::PREMUL_SUM ? c10d::ReduceOp(c10d::ReduceOp::SUM) : *op;
 }
@@ -91,7 +88,7 @@ std::tuple<std::vector<at::Tensor>, Work> allreduce(at::TensorList tensors, cons
   if (reduce_op->op_ == c10d::ReduceOp::PREMUL_SUM) {
     const double factor = premul_factor(*reduce_op);
     for (const auto& t : tensors) {
-      const_cast<at::Tensor&>(t).mul_(factor);
+      t.mul_(factor);
     }
   }
   auto aliases = ready(tensors);

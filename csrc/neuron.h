@@ -59,12 +59,12 @@ bool memory_guards_enabled();
 void enable_memory_guards(bool on);
 void* guarded_allocate(size_t nbytes, c10::DeviceIndex device);  // nullptr when the host refuses
 bool guarded_free(void* ptr);  // false: not a guarded allocation
+std::vector<GuardViolation> check_memory_guards(bool thorough);
+std::vector<GuardViolation> check_memory_guards_at(const std::vector<uintptr_t>& addresses);
 
 // A CPU tensor over a neuron tensor's memory (same sizes, strides, offset);
 // it keeps the neuron storage alive (module.cpp).
 at::Tensor host_alias(const at::Tensor& t);
-std::vector<GuardViolation> check_memory_guards(bool thorough);
-std::vector<GuardViolation> check_memory_guards_at(const std::vector<uintptr_t>& addresses);
 
 // Called (with the GIL taken) by synchronize(); set by the Python runtime.
 void set_synchronize_callback(std::function<void(c10::DeviceIndex)> fn);

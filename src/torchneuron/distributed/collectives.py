@@ -94,8 +94,9 @@ def _with_cpu_backend(process_group) -> None:
 _PREMUL_SUM = 8  # c10d::ReduceOp::RedOpType
 # Where a reduction's inputs are: updated in place (the op's own tensors), or
 # inputs to leave as they are (a scaled copy is reduced instead).
-_REDUCED_IN_PLACE = {"allreduce_": "tensors", "allreduce_coalesced_": "tensors", "reduce_": "tensors"}
-_REDUCED_INPUTS = {"reduce_scatter_": "input_tensors", "_reduce_scatter_base_": "input_tensor",
+# (all_reduce and _reduce_scatter_base do this in csrc/distributed.cpp.)
+_REDUCED_IN_PLACE = {"allreduce_coalesced_": "tensors", "reduce_": "tensors"}
+_REDUCED_INPUTS = {"reduce_scatter_": "input_tensors",
                    "reduce_scatter_tensor_coalesced_": "inputs"}
 
 
