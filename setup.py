@@ -23,6 +23,7 @@ setup(
                 "csrc/memory_guards.cpp",
                 "csrc/module.cpp",
                 "csrc/profiler.cpp",
+                "csrc/recording.cpp",
             ],
             # The kineto plugin (csrc/profiler.cpp) builds against torch's kineto headers.
             include_dirs=[os.path.join(os.path.dirname(torch.__file__), "include", "kineto")],

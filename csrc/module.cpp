@@ -17,6 +17,14 @@ void set_profiler_api(pybind11::object api);  // profiler.cpp
 pybind11::tuple premul_sum(const pybind11::object& reduce_op);  // distributed.cpp
 uint64_t current_correlation_id();  // profiler.cpp
 void register_collective_kernels();  // distributed.cpp
+// recording.cpp
+void route_ops(const std::vector<std::string>& names);
+void set_fast_mode(int mode, pybind11::object miss_marker);
+bool learn_call(pybind11::object handler, pybind11::object payload, const std::string& op_name,
+                const std::vector<std::string>& params, const std::vector<at::Tensor>& tensors,
+                const std::vector<double>& floats, const std::vector<int64_t>& ints);
+void forget_calls(const std::optional<std::string>& op_name);
+size_t known_calls();
 
 namespace {
 
@@ -160,4 +168,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_collective_kernels", &register_collective_kernels);
   m.def("device_copy_of", &device_copy_of);
   m.def("host_bytes", &host_bytes);
+  m.def("route_ops", &route_ops);
+  m.def("set_fast_mode", &set_fast_mode, pybind11::arg("mode"), pybind11::arg("miss") = pybind11::none());
+  m.def("learn_call", &learn_call);
+  m.def("forget_calls", &forget_calls, pybind11::arg("op_name") = pybind11::none());
+  m.def("known_calls", &known_calls);
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from .. import config
+from .. import _C, config
 from ..dispatch import eager, entry
 from ..runtime import queue
 from . import executor, recorder, stats
@@ -23,6 +23,10 @@ def _apply(mode: str) -> None:
     else:
         entry.recording = None
         recorder.flush(None, "mode switch")
+    _C.set_fast_mode(_FAST_MODES[mode], recorder.MISS)
+
+
+_FAST_MODES = {"op": 1, "adaptive": 2}  # see csrc/recording.cpp
 
 
 def _on_setting(name, value) -> None:

@@ -26,6 +26,7 @@ from .. import _C, config
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
 from ..dispatch.cached_launch import MISS, _key, assemble
+from ..dispatch import entry as _entry
 from ..dispatch.stats import dispatched
 from ..lowering import NotCompilable, signature_of
 from ..lowering.call import FRef, IRef, Seq, TRef, graph_param_arg_names
@@ -219,6 +220,25 @@ def record(op, args, kwargs):
     recipe = _recipes.get(key)
     if recipe is None or type(recipe) is _NotRecordable:
         return MISS
+    _learn(recipe, params, tensors, floats, ints)
+    result = _append(recipe, tensors, floats, ints)
+    if result is not MISS:
+        dispatched[recipe.info.name] += 1
+    return result
+
+
+def _learn(recipe, params, tensors, floats, ints) -> None:
+    """Let the C++ entry record calls like this one itself from now on (it
+    checks that its key takes the call apart as `_key` did)."""
+    _C.learn_call(_append_known, recipe, recipe.info.name, sorted(params[1]), tensors, floats, ints)
+
+
+def _append_known(recipe, tensors, floats, ints):
+    """Called by the C++ entry (csrc/recording.cpp) for a call whose recipe it
+    learned; MISS sends the call on to the dispatch entry, which checks what
+    is checked here and more."""
+    if not _entry.fast_path_open():
+        return MISS
     result = _append(recipe, tensors, floats, ints)
     if result is not MISS:
         dispatched[recipe.info.name] += 1
@@ -234,7 +254,9 @@ def record_slow(op, info, args, kwargs, device):
     runs after everything recorded before it)."""
     recipe = _recipe_for(op, info, args, kwargs)
     if type(recipe) is Recipe:
-        found = _key(op, args, kwargs, _params_of_known[op])
+        params = _params_of_known[op]
+        found = _key(op, args, kwargs, params)
+        _learn(recipe, params, found[1], found[3], found[4])
         result = _append(recipe, found[1], found[3], found[4])
         if result is not MISS:
             return result
@@ -296,6 +318,7 @@ def _learned_bake(op) -> bool:
 
 
 def _forget(op) -> None:
+    _C.forget_calls(str(op))
     with _lock:
         _params_of_known.pop(op, None)
         for key in [k for k in _recipes if k[0] is op]:
@@ -467,6 +490,7 @@ _LOOP_CONFIRM = 4  # ops that must repeat the graph's first ones before it is cu
 
 
 def reset() -> None:
+    _C.forget_calls(None)
     with _lock:
         _recipes.clear()
         _params_of_known.clear()

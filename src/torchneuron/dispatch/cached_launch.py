@@ -147,6 +147,23 @@ def run(op, args, kwargs):
     launch = _launches.get(key)
     if launch is None:
         return MISS
+    # From now on the C++ entry hands calls like this one to _launch_known
+    # directly (the spans are the same for every call it keys alike).
+    _C.learn_call(_launch_known, (launch, spans), launch.name, sorted(params[1]), tensors, floats, ints)
+    return _launch(launch, tensors, spans, floats, ints)
+
+
+fast_path_open = None  # set by dispatch.entry: whether a call may skip the dispatch entry's checks
+
+
+def _launch_known(known, tensors, floats, ints):
+    """Called by the C++ entry (csrc/recording.cpp) for a call learned above."""
+    if not fast_path_open():
+        return MISS
+    return _launch(known[0], tensors, known[1], floats, ints)
+
+
+def _launch(launch, tensors, spans, floats, ints):
     if launch.writes and _writes_shared_memory(tensors, launch.writes):
         return MISS  # the full path says why it cannot compile this
     plan = launch.plan
@@ -228,5 +245,6 @@ def count() -> int:
 
 
 def reset() -> None:
+    _C.forget_calls(None)
     _launches.clear()
     _params.clear()

@@ -114,6 +114,20 @@ unusable_reason = ""
 recording = None
 
 
+def fast_path_open() -> bool:
+    """Whether a call the C++ entry (csrc/recording.cpp) learned may skip
+    `dispatch`'s checks: nothing here would treat it differently."""
+    return (
+        not unusable_reason
+        and trace.sink is None
+        and config.settings.execution == "compile"
+        and shape_registry._recorder is None
+    )
+
+
+cached_launch.fast_path_open = fast_path_open
+
+
 class _Quiet(threading.local):
     on = False
 
@@ -421,13 +435,20 @@ def _returns_view(op) -> bool:
     return any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns)
 
 
+# The C++ entry (csrc/recording.cpp) is the PrivateUse1 kernel of these ops;
+# it passes every call it does not record itself on to `dispatch`, here.
+_PYTHON_ENTRY = "PrivateUse2"
+
+
 def install() -> None:
-    """Make `dispatch` the PrivateUse1 kernel of every op that has no C++ one."""
+    """Make `dispatch` the kernel behind the C++ entry for every op that has no C++ kernel."""
     if _libraries:
         return
+    taken = _ops_taken_whole()
     fallback = torch.library.Library("_", "IMPL")
-    fallback.fallback(dispatch, dispatch_key="PrivateUse1")
+    fallback.fallback(dispatch, dispatch_key=_PYTHON_ENTRY)
     aten = torch.library.Library("aten", "IMPL")
-    for qualified in _ops_taken_whole():
-        aten.impl(qualified[len("aten::"):], functools.partial(dispatch, _overload(qualified)), "PrivateUse1")
+    for qualified in taken:
+        aten.impl(qualified[len("aten::"):], functools.partial(dispatch, _overload(qualified)), _PYTHON_ENTRY)
+    _C.route_ops([qualified[len("aten::"):] for qualified in taken])
     _libraries.extend([fallback, aten])
