@@ -22,6 +22,7 @@ setup(
                 "csrc/kernels.cpp",
                 "csrc/memory_guards.cpp",
                 "csrc/module.cpp",
+                "csrc/pending_graph.cpp",
                 "csrc/profiler.cpp",
                 "csrc/recording.cpp",
             ],

@@ -25,6 +25,20 @@ bool learn_call(pybind11::object handler, pybind11::object payload, const std::s
                 const std::vector<double>& floats, const std::vector<int64_t>& ints);
 void forget_calls(const std::optional<std::string>& op_name);
 size_t known_calls();
+void set_fast_path_checks(pybind11::dict entry_globals, pybind11::dict trace_globals,
+                          pybind11::dict registry_globals, pybind11::object settings, pybind11::object append,
+                          pybind11::object dispatched_counts);
+// pending_graph.cpp
+void set_recorder_api(pybind11::object pending, pybind11::object fresh_graph, pybind11::object cut_loop,
+                      pybind11::object cut_size, pybind11::object op_record, pybind11::object is_library_file,
+                      pybind11::object miss);
+void set_adaptive_max_ops(int64_t n);
+pybind11::object record_append(pybind11::handle recipe, pybind11::handle tensors, pybind11::handle floats,
+                               pybind11::handle ints, pybind11::handle location);
+void forget_pending_lists();
+pybind11::object weak_storage(const c10::Storage& storage);
+pybind11::object weak_get(pybind11::handle weak);
+bool weak_expired(pybind11::handle weak);
 
 namespace {
 
@@ -81,6 +95,8 @@ at::Tensor device_copy_of(const at::Tensor& host, int index) {
   return out;
 }
 
+}  // namespace
+
 // A new contiguous device tensor, without the dispatcher and argument
 // parsing of torch.empty: the per-launch output allocation of compiled ops.
 at::Tensor empty_device(const std::vector<int64_t>& sizes, at::ScalarType dtype, int index) {
@@ -93,7 +109,6 @@ at::Tensor empty_device(const std::vector<int64_t>& sizes, at::ScalarType dtype,
                                    dtype, std::nullopt);
 }
 
-} // namespace
 } // namespace torchneuron
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -173,4 +188,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("learn_call", &learn_call);
   m.def("forget_calls", &forget_calls, pybind11::arg("op_name") = pybind11::none());
   m.def("known_calls", &known_calls);
+  m.def("set_fast_path_checks", &set_fast_path_checks);
+  m.def("set_recorder_api", &set_recorder_api);
+  m.def("set_adaptive_max_ops", &set_adaptive_max_ops);
+  m.def("record_append", &record_append);
+  m.def("forget_pending_lists", &forget_pending_lists);
+  m.def("weak_storage", &weak_storage);
+  m.def("weak_get", &weak_get);
+  m.def("weak_expired", &weak_expired);
 }

@@ -29,6 +29,8 @@
 #include <vector>
 
 namespace torchneuron {
+PyObject* append_learned(PyObject* recipe, PyObject* tensors, PyObject* floats, PyObject* ints);  // pending_graph.cpp
+
 namespace {
 
 constexpr c10::DispatchKey kPythonEntry = c10::DispatchKey::PrivateUse2;
@@ -48,11 +50,58 @@ uintptr_t mask_key(const c10::FunctionSchema* schema, int mode) {
 }
 
 // A learned call: handler(payload, tensors, floats, ints) takes it (the
-// recorder's append in adaptive eager, the cached launch in op mode).
+// recorder's append in adaptive eager, the cached launch in op mode). The
+// recorder's append is called here directly (pending_graph.cpp).
 struct Known {
   PyObject* handler;
   PyObject* payload;
+  PyObject* name;  // the op's Python name
 };
+PyObject* recorder_append = nullptr;  // the handler that stands for append_learned
+PyObject* dispatched = nullptr;  // dispatch.stats.dispatched: calls per op name
+
+// dispatched[name] += 1, as the dispatch entry counts every call.
+bool count_call(PyObject* name) {
+  PyObject* n = PyDict_GetItemWithError(dispatched, name);
+  if (n == nullptr && PyErr_Occurred()) return false;
+  PyObject* more = PyLong_FromLongLong((n != nullptr ? PyLong_AsLongLong(n) : 0) + 1);
+  const bool ok = more != nullptr && PyDict_SetItem(dispatched, name, more) == 0;
+  Py_XDECREF(more);
+  return ok;
+}
+
+// What the dispatch entry checks before anything is taken this way
+// (dispatch/entry.py fast_path_open), read from the modules that hold it.
+struct OpenCheck {
+  PyObject* entry_globals = nullptr;     // unusable_reason: set in a forked child
+  PyObject* trace_globals = nullptr;     // sink: a profiler records
+  PyObject* registry_globals = nullptr;  // _recorder: a shape registry records every call
+  PyObject* settings = nullptr;          // config.settings: execution must be "compile"
+  PyObject* unusable = nullptr;
+  PyObject* sink = nullptr;
+  PyObject* recorder = nullptr;
+  PyObject* execution = nullptr;
+};
+OpenCheck open_check;
+
+bool fast_path_open() {
+  const auto& c = open_check;
+  if (c.entry_globals == nullptr) return false;
+  PyObject* unusable = PyDict_GetItem(c.entry_globals, c.unusable);
+  if (unusable == nullptr || PyObject_IsTrue(unusable) != 0) return false;
+  PyObject* sink = PyDict_GetItem(c.trace_globals, c.sink);
+  if (sink != Py_None) return false;
+  PyObject* recorder = PyDict_GetItem(c.registry_globals, c.recorder);
+  if (recorder != Py_None) return false;
+  PyObject* execution = PyObject_GetAttr(c.settings, c.execution);
+  if (execution == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  const bool compile = PyUnicode_Check(execution) && PyUnicode_CompareWithASCIIString(execution, "compile") == 0;
+  Py_DECREF(execution);
+  return compile;
+}
 std::unordered_map<std::string, Known> known;  // key -> handler (both held)
 
 struct Call {
@@ -229,13 +278,14 @@ bool take_known(int mode, const c10::OperatorHandle& op, torch::jit::Stack* stac
   const c10::IValue* args = stack->data() + stack->size() - n;
   pybind11::gil_scoped_acquire gil;
   auto found = param_masks.find(mask_key(&schema, mode));
-  Known handler{nullptr, nullptr};
+  Known handler{nullptr, nullptr, nullptr};
   Call& call = scratch;
   call.clear();
   if (found != param_masks.end() && take_apart(mode, schema, args, found->second, call)) {
     auto k = known.find(call.key);
     if (k != known.end()) handler = k->second;
   }
+  if (handler.handler != nullptr && !fast_path_open()) handler.handler = nullptr;
   if (handler.handler == nullptr) {
     call.tensors.clear();  // held, they would keep results alive
     missed.schema = &schema;
@@ -258,9 +308,17 @@ bool take_known(int mode, const c10::OperatorHandle& op, torch::jit::Stack* stac
   call.tensors.clear();
   Py_INCREF(handler.handler);  // the call may forget it
   Py_INCREF(handler.payload);
-  PyObject* result = PyObject_CallFunctionObjArgs(handler.handler, handler.payload, tensors, floats, ints, nullptr);
+  Py_INCREF(handler.name);
+  PyObject* result = nullptr;
+  if (handler.handler == recorder_append) {
+    result = append_learned(handler.payload, tensors, floats, ints);
+    if (result != nullptr && result != miss && !count_call(handler.name)) Py_CLEAR(result);
+  } else {
+    result = PyObject_CallFunctionObjArgs(handler.handler, handler.payload, tensors, floats, ints, nullptr);
+  }
   Py_DECREF(handler.handler);
   Py_DECREF(handler.payload);
+  Py_DECREF(handler.name);
   Py_DECREF(tensors);
   Py_DECREF(floats);
   Py_DECREF(ints);
@@ -313,6 +371,7 @@ std::string python_name(const c10::FunctionSchema& schema) {
 void release(const Known& k) {
   Py_DECREF(k.handler);
   Py_DECREF(k.payload);
+  Py_DECREF(k.name);
 }
 
 // Forgets every learned call of one op, in every mode.
@@ -350,6 +409,22 @@ void route_ops(const std::vector<std::string>& names) {
   for (const auto& name : names) {
     library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&entry>());
   }
+}
+
+void set_fast_path_checks(pybind11::dict entry_globals, pybind11::dict trace_globals,
+                          pybind11::dict registry_globals, pybind11::object settings, pybind11::object append,
+                          pybind11::object dispatched_counts) {
+  auto& c = open_check;
+  c.entry_globals = entry_globals.release().ptr();
+  c.trace_globals = trace_globals.release().ptr();
+  c.registry_globals = registry_globals.release().ptr();
+  c.settings = settings.release().ptr();
+  c.unusable = PyUnicode_InternFromString("unusable_reason");
+  c.sink = PyUnicode_InternFromString("sink");
+  c.recorder = PyUnicode_InternFromString("_recorder");
+  c.execution = PyUnicode_InternFromString("execution");
+  recorder_append = append.release().ptr();
+  dispatched = dispatched_counts.release().ptr();
 }
 
 // mode 0: every call goes to the Python entry; else calls learned in `mode`
@@ -393,6 +468,7 @@ bool learn_call(pybind11::object handler, pybind11::object payload, const std::s
   if (slot.handler != nullptr) release(slot);
   slot.handler = handler.release().ptr();
   slot.payload = payload.release().ptr();
+  slot.name = PyUnicode_FromStringAndSize(op_name.data(), static_cast<Py_ssize_t>(op_name.size()));
   missed.schema = nullptr;
   return true;
 }

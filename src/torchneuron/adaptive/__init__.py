@@ -32,6 +32,8 @@ _FAST_MODES = {"op": 1, "adaptive": 2}  # see csrc/recording.cpp
 def _on_setting(name, value) -> None:
     if name == "eager_mode":
         _apply(value)
+    elif name == "adaptive_max_ops":
+        _C.set_adaptive_max_ops(value)
 
 
 def set_eager_mode(mode: str) -> None:
@@ -72,6 +74,7 @@ def _before_sync(index, reason) -> None:
 
 queue.before_sync.append(_before_sync)
 config.on_change(_on_setting)
+_C.set_adaptive_max_ops(config.settings.adaptive_max_ops)
 _apply(config.settings.eager_mode)
 
 __all__ = ["eager_mode", "executor", "get_eager_mode", "recorder", "set_eager_mode", "stats", "wait_for_compiles"]

@@ -19,20 +19,22 @@ executable and written nowhere (see executor).
 from __future__ import annotations
 
 import threading
+from operator import itemgetter
 
 import torch
 
-from .. import _C, config
+from .. import _C, config, trace
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
 from ..dispatch.cached_launch import MISS, _key, assemble
 from ..dispatch import entry as _entry
 from ..dispatch.stats import dispatched
+from ..eval import registry as _shape_registry
 from ..lowering import NotCompilable, signature_of
 from ..lowering.call import FRef, IRef, Seq, TRef, graph_param_arg_names
 from ..lowering.graph import _paths_to_outputs, call_results, describe
 from ..lowering import index_checks
-from ..runtime.errors import user_location
+from ..runtime.errors import is_library_file, user_location
 from . import stats
 
 new_output = _C.empty
@@ -56,40 +58,32 @@ class _NotRecordable:
         self.reason = reason
 
 
-class OpRecord:
-    __slots__ = ("recipe", "refs", "floats", "ints", "out_slots", "location")
+class OpRecord(tuple):
+    """One recorded op. A tuple, so that the C++ append (csrc/pending_graph.cpp)
+    makes one cheaply."""
 
-    def __init__(self, recipe, refs, floats, ints, out_slots, location):
-        self.recipe = recipe
-        self.refs = refs  # (slot, storage offset) per tensor argument, flattened
-        self.floats = floats
-        self.ints = ints
-        self.out_slots = out_slots
-        self.location = location  # (filename, line) of the user's call
+    __slots__ = ()
+    recipe = property(itemgetter(0))
+    refs = property(itemgetter(1))  # (slot, storage offset) per tensor argument, flattened
+    floats = property(itemgetter(2))
+    ints = property(itemgetter(3))
+    out_slots = property(itemgetter(4))
+    location = property(itemgetter(5))  # (filename, line) of the user's call
+
+    def __new__(cls, recipe, refs, floats, ints, out_slots, location):
+        return tuple.__new__(cls, (recipe, refs, floats, ints, out_slots, location))
 
     def source(self) -> str:
         return f"{self.location[0]}:{self.location[1]}"
 
 
-_expired = torch.UntypedStorage._expired
-_strong = torch.UntypedStorage._new_with_weak_ptr
-_free_weak = torch.UntypedStorage._free_weak_ref
-
-
-class Weak:
-    """A weak reference to a graph's own result storage."""
-
-    __slots__ = ("cdata",)
-
-    def __init__(self, storage):
-        self.cdata = storage._weak_ref()
-
-    def get(self):
-        """The storage, or None once the program dropped it."""
-        return None if _expired(self.cdata) else _strong(self.cdata)
-
-    def __del__(self, _free=_free_weak):
-        _free(self.cdata)
+# A graph's own result storages are held weakly: a capsule the C++ append
+# makes (Weak(storage) here); _weak_get gives the storage, or None once the
+# program dropped it.
+Weak = _C.weak_storage
+_weak_get = _C.weak_get
+_expired = _C.weak_expired
+_WEAK = type(Weak(torch.empty(0).untyped_storage()))
 
 
 class PendingGraph:
@@ -129,7 +123,7 @@ class PendingGraph:
         for rec in tail:
             for s in rec.refs[0::2]:
                 if s in made and s not in carried:
-                    storage = self.storages[s].get()
+                    storage = _weak_get(self.storages[s])
                     if storage is None:
                         storage = new_output((self.numels[s],), self.dtypes[s], self.index).untyped_storage()
                     carried[s] = storage
@@ -162,8 +156,8 @@ class PendingGraph:
         live = []
         revived = self.revived
         for i, held in enumerate(self.storages):
-            if type(held) is Weak:
-                storage = held.get()
+            if type(held) is _WEAK:
+                storage = _weak_get(held)
                 if storage is not None:
                     revived[i] = storage
                     live.append(i)
@@ -174,7 +168,7 @@ class PendingGraph:
         dropped gets fresh memory, for when it must exist after all (ops run
         one by one, or a boundary between a graph's segments)."""
         held = self.storages[slot]
-        if type(held) is not Weak:
+        if type(held) is not _WEAK:
             return held
         storage = self.revived.get(slot)
         if storage is None:
@@ -234,15 +228,10 @@ def _learn(recipe, params, tensors, floats, ints) -> None:
 
 
 def _append_known(recipe, tensors, floats, ints):
-    """Called by the C++ entry (csrc/recording.cpp) for a call whose recipe it
-    learned; MISS sends the call on to the dispatch entry, which checks what
-    is checked here and more."""
-    if not _entry.fast_path_open():
-        return MISS
-    result = _append(recipe, tensors, floats, ints)
-    if result is not MISS:
-        dispatched[recipe.info.name] += 1
-    return result
+    """What the C++ entry (csrc/recording.cpp) does with a call whose recipe
+    it learned, in C++ (append_learned); MISS sends the call on to the
+    dispatch entry."""
+    return _record_append(recipe, tensors, floats, ints, None)
 
 
 _params_of_known: dict = {}  # op -> params, once the op has a recipe
@@ -275,8 +264,10 @@ def flush(index, reason: str) -> None:
             flush(i, reason)
         return
     graph = _pending.pop(index, None)
-    if graph is not None and graph.ops:
-        cut_hook(graph, reason)
+    if graph is not None:
+        _C.forget_pending_lists()
+        if graph.ops:
+            cut_hook(graph, reason)
 
 
 def _params_of(op, info):
@@ -416,77 +407,46 @@ def _numel(shape) -> int:
 
 
 def _append(recipe, tensors, floats, ints):
-    index = recipe.index
-    graph = _pending.get(index)
-    stream = _current_stream(index)
-    if graph is None or graph.stream != stream:
-        if graph is not None:  # the program switched streams: what was recorded goes to its own
-            del _pending[index]
-            cut_hook(graph, "stream switch")
-        graph = _pending[index] = PendingGraph(index, stream)
-    refs = []
-    slot_of = graph.slot_of
-    for t in tensors:
-        storage = t.untyped_storage()
-        address = storage.data_ptr()
-        slot = slot_of.get(address)
-        dtype = t.dtype
-        if slot is not None:
-            held = graph.storages[slot]
-            if type(held) is Weak and _expired(held.cdata):
-                slot = None  # a new storage where a dropped result's memory was
-        if slot is None:
-            nbytes = storage.nbytes()
-            if nbytes % dtype.itemsize:
-                return MISS
-            slot = graph.add_slot(storage, address, dtype, nbytes // dtype.itemsize, True)
-        elif graph.dtypes[slot] is not dtype:
-            return MISS  # one storage seen as two dtypes: the op path takes it
-        refs.append(slot)
-        refs.append(t.storage_offset())
-    outs = []
-    out_slots = []
-    storages, addresses, dtypes, numels, external = (
-        graph.storages, graph.addresses, graph.dtypes, graph.numels, graph.external)
-    for shape, dtype, numel in recipe.out_slots:
-        out = new_output(shape, dtype, index)
-        storage = out.untyped_storage()
-        address = storage.data_ptr()
-        slot = len(storages)
-        slot_of[address] = slot
-        storages.append(Weak(storage))
-        addresses.append(address)
-        dtypes.append(dtype)
-        numels.append(numel)
-        external.append(False)
-        out_slots.append(slot)
-        outs.append(out)
-    refs = tuple(refs)
-    graph.add_op(OpRecord(recipe, refs, floats, ints, out_slots, user_location()))
-    ops = graph.ops
-    n = len(ops)
-    if graph.loop_start:
-        if ops[n - 1 - graph.loop_start].recipe is not recipe:
-            graph.loop_start = 0  # not a repeat after all
-        elif n - graph.loop_start >= _LOOP_CONFIRM:
-            # The ops since loop_start repeat the graph's first ones: a loop's
-            # next iteration. Cutting there gives every iteration the same
-            # graphs, where the size cap alone would cut elsewhere each time.
-            head, tail = graph.split(graph.loop_start)
-            _pending[index] = tail
-            cut_hook(head, "loop")
-            return assemble(recipe.returns, tensors, outs)
-    if n >= config.settings.adaptive_max_ops:
-        _pending.pop(index, None)
-        cut_hook(graph, "size")
-    elif not graph.loop_start and n > _LOOP_MIN_OPS and ops[0].recipe is recipe and ops[1].recipe is not recipe:
-        # (a run of one op, x = x + x ..., is a chain, not a loop body: the cap cuts it)
-        graph.loop_start = n - 1
-    return assemble(recipe.returns, tensors, outs)
+    """Append a call to its device's pending graph (csrc/pending_graph.cpp):
+    its results, or MISS when the op path must take it."""
+    location = user_location() if trace.sink is not None else None  # (the profiler is told too)
+    return _record_append(recipe, tensors, floats, ints, location)
 
 
-_LOOP_MIN_OPS = 4  # a loop body shorter than this is not cut out (x = x + x: the size cap cuts it)
-_LOOP_CONFIRM = 4  # ops that must repeat the graph's first ones before it is cut there
+_record_append = _C.record_append
+
+
+def _fresh_graph(index, stream):
+    """A new pending graph for a device; what was recorded on another stream
+    is cut first (called by the C++ append)."""
+    graph = _pending.pop(index, None)
+    if graph is not None:
+        _C.forget_pending_lists()
+        cut_hook(graph, "stream switch")
+    graph = _pending[index] = PendingGraph(index, stream)
+    return graph
+
+
+def _cut_loop(graph):
+    """The ops since loop_start repeat the graph's first ones: a loop's next
+    iteration. Cutting there gives every iteration the same graphs, where
+    the size cap alone would cut elsewhere each time."""
+    head, tail = graph.split(graph.loop_start)
+    _pending[graph.index] = tail
+    cut_hook(head, "loop")
+
+
+def _cut_size(graph):
+    if _pending.get(graph.index) is graph:
+        del _pending[graph.index]
+    cut_hook(graph, "size")
+
+
+# (csrc/pending_graph.cpp: a loop body of 4 ops or fewer is not cut out, x = x + x is cut by the
+# size cap; 4 ops must repeat the graph's first ones before it is cut there.)
+_C.set_recorder_api(_pending, _fresh_graph, _cut_loop, _cut_size, OpRecord, is_library_file, MISS)
+_C.set_fast_path_checks(vars(_entry), vars(trace), vars(_shape_registry), config.settings, _append_known,
+                        dispatched)
 
 
 def reset() -> None:

@@ -114,20 +114,6 @@ unusable_reason = ""
 recording = None
 
 
-def fast_path_open() -> bool:
-    """Whether a call the C++ entry (csrc/recording.cpp) learned may skip
-    `dispatch`'s checks: nothing here would treat it differently."""
-    return (
-        not unusable_reason
-        and trace.sink is None
-        and config.settings.execution == "compile"
-        and shape_registry._recorder is None
-    )
-
-
-cached_launch.fast_path_open = fast_path_open
-
-
 class _Quiet(threading.local):
     on = False
 
