@@ -75,9 +75,7 @@ def test_registry_cli_merge_stats_export(tmp_path, capsys):
 
 
 def _unit_failures(cases):
-    results = []
-    for op, sig, _, _ in cases:
-        results.append(unit.run_case(op, sig))
+    results = unit.run_cases(cases)
     counts = unit.summarize(results)
     return counts, [(r.op, r.status, r.detail) for r in results if r.status in ("error", "mismatch")]
 

@@ -56,13 +56,8 @@ def _unit(args) -> dict:
     everything = len(cases)
     if getattr(args, "sample", None):
         cases = registry.sample(cases, args.sample)
-    results = []
     with _progress(len(cases), "unit") as bar:
-        for op, sig, _, models in cases:
-            r = unit.run_case(op, sig)
-            r.models = tuple(models)
-            results.append(r)
-            bar.update(1)
+        results = unit.run_cases(cases, on_result=lambda _: bar.update(1))
     counts = unit.summarize(results)
     failed = [r for r in results if r.status in ("error", "mismatch")]
     print(f"unit: {len(results)} of {everything} signatures from {path}: "

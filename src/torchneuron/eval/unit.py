@@ -234,13 +234,35 @@ def _as_close_to_exact_as_cpu(op, sig, seed, got, expected, op_name=None) -> boo
 
 
 def run(registry_path: str, ops=None, on_result=None) -> list:
+    return run_cases(registry.rows(registry_path, ops), on_result)
+
+
+def run_cases(cases, on_result=None) -> list:
+    """Run registry rows (op, signature, count, models), each compiled and
+    compared against CPU. Their executables are built first, all in the
+    background builders at once (each case runs once on the host path
+    meanwhile, its result not kept): cold, 120 census signatures took 51 s
+    so against 83 s building each in turn."""
+    from .. import config, wait_for_compiles
+
+    waited = config.settings.compile_wait
+    config.set(compile_wait=False)
+    try:
+        for op, sig, _, _ in cases:
+            run_case(op, sig)
+        wait_for_compiles()
+    finally:
+        config.set(compile_wait=True)
     results = []
-    for op, sig, _, models in registry.rows(registry_path, ops):
-        result = run_case(op, sig)
-        result.models = tuple(models)
-        results.append(result)
-        if on_result is not None:
-            on_result(result)
+    try:
+        for op, sig, _, models in cases:
+            result = run_case(op, sig)
+            result.models = tuple(models)
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+    finally:
+        config.set(compile_wait=waited)
     return results
 
 
