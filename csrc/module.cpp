@@ -38,7 +38,6 @@ pybind11::object record_append(pybind11::handle recipe, pybind11::handle tensors
 void forget_pending_lists();
 pybind11::object weak_storage(const c10::Storage& storage);
 pybind11::object weak_get(pybind11::handle weak);
-bool weak_expired(pybind11::handle weak);
 
 namespace {
 
@@ -195,5 +194,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forget_pending_lists", &forget_pending_lists);
   m.def("weak_storage", &weak_storage);
   m.def("weak_get", &weak_get);
-  m.def("weak_expired", &weak_expired);
 }

@@ -509,6 +509,5 @@ pybind11::object weak_get(pybind11::handle weak) {
   return pybind11::reinterpret_steal<pybind11::object>(THPStorage_Wrap(c10::Storage(std::move(strong))));
 }
 
-bool weak_expired(pybind11::handle weak) { return expired(weak.ptr()); }
 
 }  // namespace torchneuron

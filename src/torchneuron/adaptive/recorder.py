@@ -82,7 +82,6 @@ class OpRecord(tuple):
 # program dropped it.
 Weak = _C.weak_storage
 _weak_get = _C.weak_get
-_expired = _C.weak_expired
 _WEAK = type(Weak(torch.empty(0).untyped_storage()))
 
 
