@@ -68,6 +68,9 @@ bool expired(PyObject* weak) { return c10::raw::weak_intrusive_ptr::use_count(we
 struct CodeInfo {
   bool library;
   PyObject* filename;  // held
+  // (filename, line) per instruction met: a loop's ops come from the same few
+  // instructions, and computing a line from an instruction is not free.
+  std::unordered_map<int, PyObject*> at;  // held
 };
 std::unordered_map<PyCodeObject*, CodeInfo> codes;  // held code objects: their addresses stay theirs
 
@@ -100,9 +103,19 @@ PyObject* user_location() {
     }
     Py_DECREF(code);
     if (!it->second.library) {
-      PyObject* result = Py_BuildValue("(Oi)", it->second.filename, PyFrame_GetLineNumber(frame));
+      auto& at = it->second.at;
+      const int lasti = PyFrame_GetLasti(frame);
+      auto found = at.find(lasti);
+      if (found == at.end()) {
+        PyObject* result = Py_BuildValue("(Oi)", it->second.filename, PyFrame_GetLineNumber(frame));
+        if (result == nullptr) {
+          Py_DECREF(frame);
+          return nullptr;
+        }
+        found = at.emplace(lasti, result).first;
+      }
       Py_DECREF(frame);
-      return result;
+      return Py_NewRef(found->second);
     }
     PyFrameObject* back = PyFrame_GetBack(frame);
     Py_DECREF(frame);
@@ -232,12 +245,28 @@ PyObject* assemble(PyObject* tmpl, PyObject* tensors, PyObject* outs) {
   return tuple;
 }
 
-PyObject* get_attr(PyObject* o, const char* name) { return PyObject_GetAttrString(o, name); }
+// Attribute names, interned once (a name made from a C string on every call
+// is decoded and hashed each time).
+struct Names {
+  PyObject *index, *out_slots, *id, *returns, *loop_start;
+  Names()
+      : index(PyUnicode_InternFromString("index")),
+        out_slots(PyUnicode_InternFromString("out_slots")),
+        id(PyUnicode_InternFromString("id")),
+        returns(PyUnicode_InternFromString("returns")),
+        loop_start(PyUnicode_InternFromString("loop_start")) {}
+};
+const Names& names() {
+  static const Names n;  // made under the GIL, at the first append
+  return n;
+}
+
+PyObject* get_attr(PyObject* o, PyObject* name) { return PyObject_GetAttr(o, name); }
 
 // The op's results, or api.miss (nothing appended) when the op path must take
 // it; nullptr with a Python error set.
 PyObject* append(PyObject* recipe, PyObject* tensors, PyObject* floats, PyObject* ints, PyObject* location) {
-  PyObject* index_obj = get_attr(recipe, "index");
+  PyObject* index_obj = get_attr(recipe, names().index);
   if (index_obj == nullptr) return nullptr;
   const long index = PyLong_AsLong(index_obj);
   const int64_t stream = current_stream_id(static_cast<c10::DeviceIndex>(index));
@@ -324,7 +353,7 @@ PyObject* append(PyObject* recipe, PyObject* tensors, PyObject* floats, PyObject
   }
 
   // Results: new memory, held weakly.
-  PyObject* out_specs = get_attr(recipe, "out_slots");
+  PyObject* out_specs = get_attr(recipe, names().out_slots);
   if (out_specs == nullptr) return fail(nullptr);
   const Py_ssize_t n_outs = PyTuple_GET_SIZE(out_specs);
   PyObject* outs = PyTuple_New(n_outs);
@@ -396,8 +425,8 @@ PyObject* append(PyObject* recipe, PyObject* tensors, PyObject* floats, PyObject
   PyTuple_SET_ITEM(record, 3, ints);
   PyTuple_SET_ITEM(record, 4, out_slots);
   PyTuple_SET_ITEM(record, 5, loc);
-  PyObject* id = get_attr(recipe, "id");
-  bool ok = id != nullptr && append_steal(fields.identity, Py_BuildValue("(OO)", id, refs));
+  PyObject* id = get_attr(recipe, names().id);
+  bool ok = id != nullptr && append_steal(fields.identity, PyTuple_Pack(2, id, refs));
   Py_XDECREF(id);
   ok = ok && PyList_Append(fields.ops, record) == 0;
   Py_DECREF(record);
@@ -407,7 +436,7 @@ PyObject* append(PyObject* recipe, PyObject* tensors, PyObject* floats, PyObject
   }
   if (!ok) return fail_outs(nullptr);
 
-  PyObject* returns = get_attr(recipe, "returns");
+  PyObject* returns = get_attr(recipe, names().returns);
   if (returns == nullptr) return fail_outs(nullptr);
   PyObject* result = assemble(returns, seq, outs);
   Py_DECREF(returns);
@@ -416,7 +445,7 @@ PyObject* append(PyObject* recipe, PyObject* tensors, PyObject* floats, PyObject
   // Cuts: a loop's next iteration, or the size cap.
   PyObject* ops = fields.ops;
   const Py_ssize_t n = PyList_GET_SIZE(ops);
-  PyObject* loop_obj = get_attr(fields.graph, "loop_start");
+  PyObject* loop_obj = get_attr(fields.graph, names().loop_start);
   if (loop_obj == nullptr) {
     Py_DECREF(result);
     return fail_outs(nullptr);
@@ -429,7 +458,7 @@ PyObject* append(PyObject* recipe, PyObject* tensors, PyObject* floats, PyObject
     if (recipe_at(n - 1 - loop_start) != recipe) {
       loop_start = 0;  // not a repeat after all
       PyObject* zero = PyLong_FromLong(0);
-      PyObject_SetAttrString(fields.graph, "loop_start", zero);
+      PyObject_SetAttr(fields.graph, names().loop_start, zero);
       Py_XDECREF(zero);
     } else if (n - loop_start >= kLoopConfirm) {
       cut = api.cut_loop;
@@ -441,7 +470,7 @@ PyObject* append(PyObject* recipe, PyObject* tensors, PyObject* floats, PyObject
     } else if (!loop_start && n > kLoopMinOps && recipe_at(0) == recipe && recipe_at(1) != recipe) {
       // (a run of one op, x = x + x ..., is a chain, not a loop body: the cap cuts it)
       PyObject* start = PyLong_FromSsize_t(n - 1);
-      PyObject_SetAttrString(fields.graph, "loop_start", start);
+      PyObject_SetAttr(fields.graph, names().loop_start, start);
       Py_XDECREF(start);
     }
   }
