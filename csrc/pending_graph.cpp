@@ -33,12 +33,14 @@ struct Api {
   PyObject* fresh_graph = nullptr;  // recorder._fresh_graph(index, stream) -> PendingGraph
   PyObject* cut_loop = nullptr;    // recorder._cut_loop(graph)
   PyObject* cut_size = nullptr;    // recorder._cut_size(graph)
+  PyObject* cut_held = nullptr;    // recorder._cut_held(graph)
   PyTypeObject* op_record = nullptr;  // recorder.OpRecord (a tuple subclass)
   PyObject* is_library_file = nullptr;  // runtime.errors.is_library_file(filename)
   PyObject* miss = nullptr;
 };
 Api api;
 Py_ssize_t max_ops = 32;
+int64_t max_held_bytes = -1;  // config.adaptive_held_kb in bytes (negative: no such cut)
 
 // -- weak references to result storages, as capsules --------------------------
 
@@ -263,6 +265,22 @@ const Names& names() {
 
 PyObject* get_attr(PyObject* o, PyObject* name) { return PyObject_GetAttr(o, name); }
 
+// Bytes of the graph's inputs that nothing but the graph holds any more: the
+// program dropped them (autograd let a saved activation go, say) and op mode
+// would have freed them already. Only the graph's list holds the storage
+// object, and only that object holds the storage.
+int64_t held_only_here() {
+  int64_t bytes = 0;
+  const Py_ssize_t n = PyList_GET_SIZE(fields.storages);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* held = PyList_GET_ITEM(fields.storages, i);
+    if (Py_REFCNT(held) != 1 || !THPStorage_Check(held)) continue;
+    const c10::Storage& storage = THPStorage_Unpack(held);
+    if (storage.use_count() == 1) bytes += static_cast<int64_t>(storage.nbytes());
+  }
+  return bytes;
+}
+
 // The op's results, or api.miss (nothing appended) when the op path must take
 // it; nullptr with a Python error set.
 PyObject* append(PyObject* recipe, PyObject* tensors, PyObject* floats, PyObject* ints, PyObject* location) {
@@ -467,6 +485,8 @@ PyObject* append(PyObject* recipe, PyObject* tensors, PyObject* floats, PyObject
   if (cut == nullptr) {
     if (n >= max_ops) {
       cut = api.cut_size;
+    } else if (max_held_bytes >= 0 && held_only_here() > max_held_bytes) {
+      cut = api.cut_held;
     } else if (!loop_start && n > kLoopMinOps && recipe_at(0) == recipe && recipe_at(1) != recipe) {
       // (a run of one op, x = x + x ..., is a chain, not a loop body: the cap cuts it)
       PyObject* start = PyLong_FromSsize_t(n - 1);
@@ -501,8 +521,9 @@ PyObject* append_learned(PyObject* recipe, PyObject* tensors, PyObject* floats, 
 }
 
 void set_recorder_api(pybind11::object pending, pybind11::object fresh_graph, pybind11::object cut_loop,
-                      pybind11::object cut_size, pybind11::object op_record, pybind11::object is_library_file,
-                      pybind11::object miss) {
+                      pybind11::object cut_size, pybind11::object cut_held, pybind11::object op_record,
+                      pybind11::object is_library_file, pybind11::object miss) {
+  api.cut_held = cut_held.release().ptr();
   api.pending = pending.release().ptr();
   api.fresh_graph = fresh_graph.release().ptr();
   api.cut_loop = cut_loop.release().ptr();
@@ -513,6 +534,8 @@ void set_recorder_api(pybind11::object pending, pybind11::object fresh_graph, py
 }
 
 void set_adaptive_max_ops(int64_t n) { max_ops = static_cast<Py_ssize_t>(n); }
+
+void set_adaptive_held_bytes(int64_t n) { max_held_bytes = n; }
 
 pybind11::object record_append(pybind11::handle recipe, pybind11::handle tensors, pybind11::handle floats,
                                pybind11::handle ints, pybind11::handle location) {

@@ -63,6 +63,7 @@ def _fresh_settings(request):
         eager_mode=saved["eager_mode"],
         compile_wait=saved["compile_wait"],
         adaptive_max_ops=saved["adaptive_max_ops"],
+        adaptive_held_kb=saved["adaptive_held_kb"],
     )
     torch.neuron.set_device(0)
 

@@ -297,6 +297,29 @@ def test_size_cap_cuts_long_chains(adaptive):
     assert recorder.pending_graph(0) is None
 
 
+@pytest.mark.parametrize("held_kb", [-1, 64])
+def test_a_graph_holding_inputs_the_program_dropped_is_cut_past_the_setting(adaptive, held_kb):
+    torchneuron.config.set(adaptive_held_kb=held_kb)
+    x_cpu = torch.randn(32768)  # 128 KiB
+    torch.neuron.synchronize()
+    base = torch.neuron.memory_allocated()
+    x = x_cpu.to("neuron")
+    torch.neuron.synchronize()
+    y = x * 2
+    del x  # only the pending graph holds its memory now
+    z = y + 1
+    allocated = torch.neuron.memory_allocated()
+    cuts = torchneuron.adaptive_stats()["cut_reasons"].get("inputs held", 0)
+    if held_kb >= 0:
+        assert cuts == 1 and recorder.pending_graph(0) is None
+    else:
+        assert cuts == 0 and len(recorder.pending_graph(0).ops) == 2
+    torch.testing.assert_close(z.cpu(), x_cpu * 2 + 1)
+    torch.testing.assert_close(y.cpu(), x_cpu * 2)
+    # Cut and run, the graph let go of x's memory; uncut, it still holds it.
+    assert allocated - base == (2 if held_kb >= 0 else 3) * 32768 * 4
+
+
 def test_a_dead_lowering_worker_is_replaced(adaptive):
     from torchneuron.lowering import worker
 

@@ -62,6 +62,12 @@ class Settings:
     eager_mode: str = field(default_factory=lambda: _env_choice("TORCHNEURON_EAGER_MODE", "op", EAGER_MODES))
     # Adaptive eager: ops in a graph before it is cut regardless.
     adaptive_max_ops: int = field(default_factory=lambda: _env_int("TORCHNEURON_ADAPTIVE_MAX_OPS", 32))
+    # Adaptive eager cuts a pending graph once the inputs only it still holds
+    # (the program dropped them; op mode would have freed them) pass this many
+    # KiB: less peak memory for smaller graphs (-1: never). Measured on the
+    # demo step (docs/benchmarks.md): 128 brings the peak down to op mode's,
+    # but 7.5 ops per graph instead of 30 make the step slower than op mode's.
+    adaptive_held_kb: int = field(default_factory=lambda: _env_int("TORCHNEURON_ADAPTIVE_HELD_KB", -1))
     # Wait for every compile instead of running what is not compiled yet on
     # the op path or the host (for debugging and comparisons).
     compile_wait: bool = field(default_factory=lambda: _env_int("TORCHNEURON_COMPILE_WAIT", 0) != 0)
@@ -148,6 +154,8 @@ def set(**changes) -> None:  # noqa: A001 - the natural name for a settings API
             raise ValueError(f"eager_mode must be one of {', '.join(EAGER_MODES)}, got {value!r}")
         if name == "adaptive_max_ops" and (not isinstance(value, int) or value < 1):
             raise ValueError(f"adaptive_max_ops must be a positive integer, got {value!r}")
+        if name == "adaptive_held_kb" and (not isinstance(value, int) or value < -1):
+            raise ValueError(f"adaptive_held_kb must be an integer >= -1 (-1: never), got {value!r}")
         if name == "execution" and value not in EXECUTION_MODES:
             raise ValueError(f"execution must be one of {', '.join(EXECUTION_MODES)}, got {value!r}")
         setattr(settings, name, value)

@@ -34,6 +34,8 @@ def _on_setting(name, value) -> None:
         _apply(value)
     elif name == "adaptive_max_ops":
         _C.set_adaptive_max_ops(value)
+    elif name == "adaptive_held_kb":
+        _C.set_adaptive_held_bytes(value * 1024)
 
 
 def set_eager_mode(mode: str) -> None:
@@ -75,6 +77,7 @@ def _before_sync(index, reason) -> None:
 queue.before_sync.append(_before_sync)
 config.on_change(_on_setting)
 _C.set_adaptive_max_ops(config.settings.adaptive_max_ops)
+_C.set_adaptive_held_bytes(config.settings.adaptive_held_kb * 1024)
 _apply(config.settings.eager_mode)
 
 __all__ = ["eager_mode", "executor", "get_eager_mode", "recorder", "set_eager_mode", "stats", "wait_for_compiles"]

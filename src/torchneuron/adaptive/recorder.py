@@ -435,15 +435,21 @@ def _cut_loop(graph):
     cut_hook(head, "loop")
 
 
-def _cut_size(graph):
+def _cut_size(graph, reason="size"):
     if _pending.get(graph.index) is graph:
         del _pending[graph.index]
-    cut_hook(graph, "size")
+    cut_hook(graph, reason)
+
+
+def _cut_held(graph):
+    """The graph holds more inputs the program has dropped than
+    config.adaptive_held_kb allows: run it, so their memory is let go."""
+    _cut_size(graph, "inputs held")
 
 
 # (csrc/pending_graph.cpp: a loop body of 4 ops or fewer is not cut out, x = x + x is cut by the
 # size cap; 4 ops must repeat the graph's first ones before it is cut there.)
-_C.set_recorder_api(_pending, _fresh_graph, _cut_loop, _cut_size, OpRecord, is_library_file, MISS)
+_C.set_recorder_api(_pending, _fresh_graph, _cut_loop, _cut_size, _cut_held, OpRecord, is_library_file, MISS)
 _C.set_fast_path_checks(vars(_entry), vars(trace), vars(_shape_registry), config.settings, _append_known,
                         dispatched)
 
