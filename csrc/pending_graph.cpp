@@ -460,7 +460,7 @@ PyObject* append(PyObject* recipe, PyObject* tensors, PyObject* floats, PyObject
   Py_DECREF(returns);
   if (result == nullptr) return fail_outs(nullptr);
 
-  // Cuts: a loop's next iteration, or the size cap.
+  // Cuts: a loop's next iteration, the size cap, or inputs the program dropped held too long.
   PyObject* ops = fields.ops;
   const Py_ssize_t n = PyList_GET_SIZE(ops);
   PyObject* loop_obj = get_attr(fields.graph, names().loop_start);
@@ -523,11 +523,11 @@ PyObject* append_learned(PyObject* recipe, PyObject* tensors, PyObject* floats, 
 void set_recorder_api(pybind11::object pending, pybind11::object fresh_graph, pybind11::object cut_loop,
                       pybind11::object cut_size, pybind11::object cut_held, pybind11::object op_record,
                       pybind11::object is_library_file, pybind11::object miss) {
-  api.cut_held = cut_held.release().ptr();
   api.pending = pending.release().ptr();
   api.fresh_graph = fresh_graph.release().ptr();
   api.cut_loop = cut_loop.release().ptr();
   api.cut_size = cut_size.release().ptr();
+  api.cut_held = cut_held.release().ptr();
   api.op_record = reinterpret_cast<PyTypeObject*>(op_record.release().ptr());
   api.is_library_file = is_library_file.release().ptr();
   api.miss = miss.release().ptr();

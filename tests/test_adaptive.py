@@ -320,6 +320,14 @@ def test_a_graph_holding_inputs_the_program_dropped_is_cut_past_the_setting(adap
     assert allocated - base == (2 if held_kb >= 0 else 3) * 32768 * 4
 
 
+@pytest.mark.parametrize("bad", [-2, 1.5, "64"])
+def test_adaptive_held_kb_refuses_what_is_not_an_integer_from_minus_one(bad):
+    before = torchneuron.config.settings.adaptive_held_kb
+    with pytest.raises(ValueError, match="adaptive_held_kb"):
+        torchneuron.config.set(adaptive_held_kb=bad)
+    assert torchneuron.config.settings.adaptive_held_kb == before
+
+
 def test_a_dead_lowering_worker_is_replaced(adaptive):
     from torchneuron.lowering import worker
 
