@@ -141,3 +141,96 @@ def test_inplace_metadata_ops_change_only_metadata():
     assert n.shape == c.shape and n.stride() == c.stride()
     torch.testing.assert_close(n.cpu(), c)
     assert torchneuron.fallback_ops() == {} and torchneuron.execution_stats()["ops_compiled"] == 0
+
+
+# -- how lowered executables take views of their flat inputs ---------------------
+
+def _random_view(rng):
+    """A random chain of views of a fresh tensor: (flat buffer, view)."""
+    shape = [int(rng.integers(1, 6)) for _ in range(int(rng.integers(1, 5)))]
+    flat = torch.arange(float(torch.Size(shape).numel() + 7))
+    x = flat[int(rng.integers(0, 8)):][: torch.Size(shape).numel()].view(shape)
+    for _ in range(int(rng.integers(0, 4))):
+        kind = int(rng.integers(0, 6))
+        d = int(rng.integers(0, x.dim())) if x.dim() else 0
+        if kind == 0 and x.dim() >= 2:
+            x = x.transpose(d, (d + 1) % x.dim())
+        elif kind == 1 and x.dim():
+            start = int(rng.integers(0, x.shape[d]))
+            x = x.narrow(d, start, int(rng.integers(1, x.shape[d] - start + 1)))
+        elif kind == 2:
+            x = x.unsqueeze(d).expand(*x.shape[:d], int(rng.integers(1, 4)), *x.shape[d:])
+        elif kind == 3 and x.dim():
+            x = x[(slice(None),) * d + (slice(None, None, int(rng.integers(1, 4))),)]
+        elif kind == 4 and x.dim() >= 2:
+            x = x.select(d, 0)
+        elif kind == 5 and x.dim() and x.shape[-1] >= 2:
+            x = x.unfold(x.dim() - 1, 2, 1)  # overlapping: as_strided stays
+    return flat, x
+
+
+def test_strided_view_matches_as_strided():
+    import numpy as np
+
+    from torchneuron.lowering.strided import layout_of, strided_view
+
+    rng = np.random.default_rng(0)
+    as_layout = 0
+    for _ in range(2000):
+        flat, x = _random_view(rng)
+        want = flat.as_strided(x.shape, x.stride(), x.storage_offset())
+        got = strided_view(flat, x.shape, x.stride(), x.storage_offset())
+        assert torch.equal(got, want), (x.shape, x.stride(), x.storage_offset())
+        as_layout += layout_of(tuple(x.shape), x.stride(), x.storage_offset(), flat.shape[0]) is not None
+    assert as_layout > 1600  # all but overlapping and oddly stepped views
+    # What the demo's backward graphs take: a transposed weight, a q/k/v split, a broadcast.
+    assert layout_of((256, 256), (1, 256), 0, 65536) is not None
+    assert layout_of((8, 32, 64), (6144, 192, 1), 64, 8 * 32 * 192) is not None
+    assert layout_of((4, 4), (0, 1), 0, 4) is not None
+
+
+def _lowered_view(shape, stride, offset, length, write=False):
+    from torchneuron.lowering.graph import export_to_mlir
+    from torchneuron.lowering.strided import strided_index, strided_view
+
+    class Take(torch.nn.Module):
+        def forward(self, flat, out):
+            if write:  # as an executable writes through a strided view of its input
+                flat.index_put_((strided_index(shape, stride, offset).reshape(-1),), out)
+            else:
+                out.copy_((strided_view(flat, shape, stride, offset) * 2).reshape(-1))
+            return ()
+
+    n = torch.Size(shape).numel()
+    return export_to_mlir(Take(), [torch.zeros(length), torch.zeros(n)])
+
+
+@pytest.mark.parametrize("shape, stride, offset, length", [
+    ((256, 256), (1, 256), 0, 65536),  # a transposed weight
+    ((8, 32, 64), (6144, 192, 1), 64, 8 * 32 * 192),  # k of a q/k/v split
+    ((4, 8), (16, 1), 8, 64),  # a column block
+])
+def test_lowered_views_are_layout_ops_not_gathers(shape, stride, offset, length):
+    """A view of an executable's flat input is slices and a permute, and a
+    write through one a scatter at computed positions: as_strided (and
+    slice's own decomposition into it) lowered to a gather through constant
+    index tensors as large as the view (3 x 512 KiB for a 256x256 transpose)."""
+    read = _lowered_view(shape, stride, offset, length)
+    assert "index.Tensor" not in read and "dense_resource" not in read and len(read) < 20000
+    written = _lowered_view(shape, stride, offset, length, write=True)
+    assert "index_put" in written and "dense_resource" not in written and len(written) < 20000
+
+
+def test_transposed_and_sliced_arguments_match_cpu():
+    a = torch.randn(48, 32)
+    qkv = torch.randn(4, 8, 96)
+    q, k, v = qkv.split(32, dim=-1)
+    got = (a.to("neuron").t() @ a.to("neuron")).cpu()
+    torch.testing.assert_close(got, a.t() @ a)
+    nq, nk, nv = qkv.to("neuron").split(32, dim=-1)
+    torch.testing.assert_close((nq @ nk.transpose(-1, -2) + nv[..., :8].sum()).cpu(),
+                               q @ k.transpose(-1, -2) + v[..., :8].sum())
+    w = qkv.to("neuron")
+    w[:, :, 32:64].mul_(2)  # an in-place write through a column block
+    qkv[:, :, 32:64].mul_(2)
+    torch.testing.assert_close(w.cpu(), qkv)

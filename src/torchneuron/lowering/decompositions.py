@@ -261,6 +261,14 @@ def direct_decompositions() -> dict:
     return table
 
 
+# Ops torch-mlir lowers to slices of tensors, whose PyTorch decompositions
+# end in as_strided, which the importer turns into a gather through constant
+# int64 index tensors as large as the result (a fused backward graph of the
+# demo was 11 MB of MLIR). (select_scatter stays decomposed: torch-mlir's
+# does not wrap a negative index, tests/test_index_bounds.py.)
+_LOWERED_WHOLE = (torch.ops.aten.slice.Tensor, torch.ops.aten.slice_scatter.default)
+
+
 @functools.lru_cache(maxsize=None)
 def decomposition_table() -> dict:
     # Beyond the core set, PyTorch's other aten-to-aten decompositions:
@@ -272,6 +280,8 @@ def decomposition_table() -> dict:
         if getattr(fn, "__module__", "") == "torch._decomp.decompositions"
     }
     table.update(core_aten_decompositions())
+    for op in _LOWERED_WHOLE:
+        table.pop(op, None)
     table.update(_view_copies())
     table[torch.ops.aten.squeeze.dims] = _squeeze_dims
     table[torch.ops.aten.log10.default] = _log10

@@ -21,6 +21,7 @@ from .call import numbers_as_tensors, rebuild
 from .decompositions import direct_decompositions
 from .graph import _get, export_to_mlir
 from .isolation import outside_program_modes
+from .strided import strided_index, strided_view
 
 _CPU = torch.device("cpu")
 
@@ -94,7 +95,7 @@ def _view(buf, ref: ViewRef):
         if ref.offset == 0 and n == buf.shape[0]:
             return buf.view(ref.shape)
         return buf.narrow(0, ref.offset, n).view(ref.shape)
-    return buf.as_strided(ref.shape, ref.stride, ref.offset)
+    return strided_view(buf, ref.shape, ref.stride, ref.offset)
 
 
 def _scatter(buf, ref: ViewRef, value):
@@ -105,7 +106,7 @@ def _scatter(buf, ref: ViewRef, value):
         if ref.offset == 0 and n == buf.shape[0]:
             return flat.clone()
         return buf.slice_scatter(flat, 0, ref.offset, ref.offset + n)
-    index = torch.arange(buf.shape[0], device=buf.device).as_strided(ref.shape, ref.stride, ref.offset)
+    index = strided_index(ref.shape, ref.stride, ref.offset, buf.device)
     return buf.index_put((index.reshape(-1),), flat)
 
 

@@ -26,6 +26,7 @@ from .aliasing import InPlaceHazard, hazardous_inputs
 from .call import CallSignature, NotCompilable, numbers_as_tensors, rebuild
 from .carriers import as_integer, carrier_dtypes
 from .isolation import outside_program_modes
+from .strided import strided_index, strided_view
 
 
 class NeedsResize(NotCompilable):
@@ -275,7 +276,7 @@ class _CallModule(torch.nn.Module):
         for i, spec in enumerate(sig.specs):
             x = as_integer(inputs[i], spec.dtype) if i in carriers else inputs[i]
             if spec.stride is not None:
-                x = x.as_strided(spec.shape, spec.stride, spec.prefix)
+                x = strided_view(x, spec.shape, spec.stride, spec.prefix)
                 if i in sig.mutated and i not in moved:
                     # Writes to a strided view are scattered back into the span below.
                     x = x.clone()
@@ -318,7 +319,7 @@ class _CallModule(torch.nn.Module):
         for i, view in written_spans:
             spec = sig.specs[i]
             flat = as_integer(inputs[i], spec.dtype) if i in carriers else inputs[i]
-            index = torch.arange(spec.span, device=flat.device).as_strided(spec.shape, spec.stride, spec.prefix)
+            index = strided_index(spec.shape, spec.stride, spec.prefix, flat.device)
             flat.index_put_((index.reshape(-1),), view.reshape(-1))
         return ()
 
