@@ -22,6 +22,13 @@ def adaptive():
     torchneuron.reset_stats()
 
 
+def _meet_once(calls) -> None:
+    """Run calls once and let them finish: a call met for the first time runs
+    at once on the host, and is recorded from its second meeting on."""
+    calls()
+    torch.neuron.synchronize()
+
+
 def _fused_ops() -> int:
     return torchneuron.adaptive_stats()["ops_fused"]
 
@@ -102,7 +109,7 @@ def test_a_dropped_result_frees_its_memory_before_the_cut(adaptive):
     """As in op mode: the graph holds its own results only weakly, so peak
     memory does not grow with the ops a graph has recorded."""
     x = torch.randn(256, 256).to("neuron")
-    torch.neuron.synchronize()
+    _meet_once(lambda: (x * 2).exp())
     assert recorder.pending_graph(0) is None or not recorder.pending_graph(0).ops
     y = x * 2
     z = y.exp()
@@ -141,6 +148,7 @@ def test_a_split_graph_keeps_a_dropped_result_its_second_part_reads(adaptive):
     reaches it."""
     x = torch.randn(9, 7)
     xn = x.to("neuron")
+    _meet_once(lambda: (lambda b: b * b)(xn * 3 + 1))
     for _ in range(3):  # op by op, then fused
         torch.neuron.synchronize()
         a = xn * 3
@@ -280,6 +288,7 @@ def test_a_restarted_process_compiles_nothing(tmp_path):
 
 def test_recording_is_cut_by_ops_it_cannot_record(adaptive):
     x = torch.tensor([0.0, 2.0, 0.0, 3.0]).to("neuron")
+    _meet_once(lambda: torch.nonzero(x * 2))
     y = x * 2
     idx = torch.nonzero(y)  # a data-dependent shape: runs after everything recorded before it
     assert idx.cpu().flatten().tolist() == [1, 3]
@@ -301,7 +310,8 @@ def test_size_cap_cuts_long_chains(adaptive):
 def test_a_graph_holding_inputs_the_program_dropped_is_cut_past_the_setting(adaptive, held_kb):
     torchneuron.config.set(adaptive_held_kb=held_kb)
     x_cpu = torch.randn(32768)  # 128 KiB
-    torch.neuron.synchronize()
+    _meet_once(lambda: x_cpu.to("neuron") * 2 + 1)
+    held_cuts = torchneuron.adaptive_stats()["cut_reasons"].get("inputs held", 0)
     base = torch.neuron.memory_allocated()
     x = x_cpu.to("neuron")
     torch.neuron.synchronize()
@@ -309,7 +319,7 @@ def test_a_graph_holding_inputs_the_program_dropped_is_cut_past_the_setting(adap
     del x  # only the pending graph holds its memory now
     z = y + 1
     allocated = torch.neuron.memory_allocated()
-    cuts = torchneuron.adaptive_stats()["cut_reasons"].get("inputs held", 0)
+    cuts = torchneuron.adaptive_stats()["cut_reasons"].get("inputs held", 0) - held_cuts
     if held_kb >= 0:
         assert cuts == 1 and recorder.pending_graph(0) is None
     else:
@@ -317,7 +327,8 @@ def test_a_graph_holding_inputs_the_program_dropped_is_cut_past_the_setting(adap
     torch.testing.assert_close(z.cpu(), x_cpu * 2 + 1)
     torch.testing.assert_close(y.cpu(), x_cpu * 2)
     # Cut and run, the graph let go of x's memory; uncut, it still holds it.
-    assert allocated - base == (2 if held_kb >= 0 else 3) * 32768 * 4
+    # (within a few bytes: the warm-up's one-element scalars may go in between)
+    assert abs(allocated - base - (2 if held_kb >= 0 else 3) * 32768 * 4) < 1024
 
 
 @pytest.mark.parametrize("bad", [-2, 1.5, "64"])
@@ -371,3 +382,24 @@ def test_an_op_found_to_need_constant_scalars_is_remembered_across_processes(tmp
     first, second = (r.stdout.strip() for r in runs)
     assert first == f"{expected} ['aten.masked_fill.Scalar'] 1 1"
     assert second == f"{expected} ['aten.masked_fill.Scalar'] 1 0"
+
+
+def test_a_call_met_for_the_first_time_runs_at_once_and_is_recorded_from_the_second(adaptive):
+    """Building a call's recipe (meta kernels) costs more than running it on
+    the host, and a program's setup meets most calls once."""
+    x = torch.randn(6, 5)
+    xn = x.to("neuron")
+    torch.neuron.synchronize()
+    recorder.reset()  # every call new again (other tests met these)
+    before = torchneuron.adaptive_stats()["ops_recorded"]
+    y = xn.sin() * 3  # both met for the first time: nothing recorded, no graph pending
+    assert recorder.pending_graph(0) is None or not recorder.pending_graph(0).ops
+    torch.testing.assert_close(y.cpu(), x.sin() * 3)
+    z = xn.sin() * 3  # the second meeting: recorded
+    assert len(recorder.pending_graph(0).ops) == 2
+    torch.testing.assert_close(z.cpu(), x.sin() * 3)
+    assert torchneuron.adaptive_stats()["ops_recorded"] - before == 2
+    torchneuron.config.set(compile_wait=True)  # waiting for every compile: recorded from the first meeting
+    w = xn.cos() + 1
+    assert len(recorder.pending_graph(0).ops) == 2
+    torch.testing.assert_close(w.cpu(), x.cos() + 1)

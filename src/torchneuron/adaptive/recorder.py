@@ -236,11 +236,23 @@ def _append_known(recipe, tensors, floats, ints):
 _params_of_known: dict = {}  # op -> params, once the op has a recipe
 
 
+# A call met for the first time runs at once on the host (record_slow answers
+# FIRST_MEETING): its recipe's meta kernels cost more than running it there,
+# and a program's setup meets most of its calls once. From its second
+# meeting on it is recorded (from the first with TORCHNEURON_COMPILE_WAIT=1,
+# which makes every run fused and the same).
+FIRST_MEETING = object()
+_met: set = set()  # cheap keys of calls met once
+
+
 def record_slow(op, info, args, kwargs, device):
-    """Record a call met for the first time (building its recipe); MISS when it
-    cannot be recorded, after cutting the device's graph (so what runs next
-    runs after everything recorded before it)."""
+    """Record a call met for the second time (building its recipe); MISS when
+    it cannot be recorded, FIRST_MEETING the first time, after cutting the
+    device's graph (so what runs next runs after everything recorded before it)."""
     recipe = _recipe_for(op, info, args, kwargs)
+    if recipe is FIRST_MEETING:
+        flush(device.index, "first meeting")
+        return FIRST_MEETING
     if type(recipe) is Recipe:
         params = _params_of_known[op]
         found = _key(op, args, kwargs, params)
@@ -340,6 +352,12 @@ def _recipe_for(op, info, args, kwargs):
     recipe = _recipes.get(key)
     if recipe is not None:
         return recipe
+    if key not in _met and op not in _refused and not config.settings.compile_wait:
+        with _lock:
+            if len(_met) >= _MAX_RECIPES:
+                _met.clear()
+            _met.add(key)
+        return FIRST_MEETING
     recipe = _build_recipe(op, info, args, kwargs, params, key, tensors, floats, ints)
     with _lock:
         if len(_recipes) >= _MAX_RECIPES:
@@ -459,9 +477,10 @@ def reset() -> None:
     with _lock:
         _recipes.clear()
         _params_of_known.clear()
+        _met.clear()
 
 
-__all__ = ["FRef", "IRef", "MISS", "Seq", "TRef", "flush", "record", "record_slow"]
+__all__ = ["FIRST_MEETING", "FRef", "IRef", "MISS", "Seq", "TRef", "flush", "record", "record_slow"]
 
 
 # -- random ops ------------------------------------------------------------------

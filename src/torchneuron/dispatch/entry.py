@@ -181,6 +181,8 @@ def dispatch(op, *args, **kwargs):
                 return result
         if recording is not None and recorder is None:
             result = recording.record_slow(op, info, args, kwargs, device)
+            if result is recording.FIRST_MEETING:
+                return run_while_compiling(op, info, args, kwargs, device)
             if result is not cached_launch.MISS:
                 return result
         try:
@@ -273,6 +275,9 @@ def _transfer(op, info, args, kwargs, device):
             # A copy within one device (clone, contiguous, cat of views...) is device work.
             if recording is not None and shape_registry._recorder is None:
                 result = recording.record_slow(_COPY, op_info(_COPY), (dst, src), {}, device)
+                if result is recording.FIRST_MEETING:
+                    run_while_compiling(_COPY, op_info(_COPY), (dst, src), {}, device)
+                    return dst
                 if result is not cached_launch.MISS:
                     return dst
             try:

@@ -61,6 +61,12 @@ class _Worker:
             [sys.executable, "-m", "torchneuron.lowering.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
         )
+        # At once: its imports (torch, torchneuron) take a core for a second
+        # or two, while the program's first steps run.
+        try:
+            os.setpriority(os.PRIO_PROCESS, self.process.pid, 10)
+        except OSError:
+            pass
 
     def ask(self, request):
         _write(self.process.stdin, request)
