@@ -44,7 +44,6 @@ from ..runtime.errors import NeuronAsyncError
 from . import recorder, stats
 
 _READY, _BUILDING, _BAD = "ready", "building", "bad"
-_FIRST_MEETING = "first meeting"  # recorder.record_slow's cut
 
 
 class Unit:
@@ -111,7 +110,7 @@ def _run_graph(graph, reason: str) -> None:
     live = graph.hold_results()
     identity = (tuple(graph.identity), live)
     fused = _fused.get(identity)
-    if fused is None and reason == _FIRST_MEETING and not config.settings.compile_wait:
+    if fused is None and reason == recorder.FIRST_MEETING_CUT and not config.settings.compile_wait:
         # Cut short by a call met for the first time (a program's first
         # iteration): a fragment the next iteration will not meet again.
         _replay(graph, 0, n, allow_compile=False)

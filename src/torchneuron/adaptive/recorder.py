@@ -242,6 +242,7 @@ _params_of_known: dict = {}  # op -> params, once the op has a recipe
 # meeting on it is recorded (from the first with TORCHNEURON_COMPILE_WAIT=1,
 # which makes every run fused and the same).
 FIRST_MEETING = object()
+FIRST_MEETING_CUT = "first meeting"  # the cut reason of the graph pending then
 _met: set = set()  # cheap keys of calls met once
 
 
@@ -251,7 +252,7 @@ def record_slow(op, info, args, kwargs, device):
     device's graph (so what runs next runs after everything recorded before it)."""
     recipe = _recipe_for(op, info, args, kwargs)
     if recipe is FIRST_MEETING:
-        flush(device.index, "first meeting")
+        flush(device.index, FIRST_MEETING_CUT)
         return FIRST_MEETING
     if type(recipe) is Recipe:
         params = _params_of_known[op]

@@ -6,7 +6,8 @@ of one. `as_strided` decomposes (in torch.export) into a gather with constant
 int64 index tensors as large as the view: a transposed 256x256 weight became
 three 512 KiB literals, so a fused backward graph was 11 MB of MLIR, slow to
 compile and a gather to run. Transposes, slices (a q/k/v split, a column
-block) and broadcasts are plain layout changes the compiler handles well.
+block) and broadcasts are plain layout changes the compiler handles well;
+the rest (overlapping views) gathers at positions computed from aranges.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def _numel(shape) -> int:
 def layout_of(shape, stride, offset: int, length: int):
     """How to take the view (shape, stride, offset) of a flat buffer of
     `length` elements without as_strided: (origin, base, starts, inner,
-    order), or None when it overlaps itself or wraps around (as_strided then).
+    order), or None when it overlaps itself or wraps around (strided_view
+    then gathers at computed positions).
 
     base: the buffer's elements from `origin` reshaped, one dimension per
     dimension of the view that moves (outermost first), plus a last one of

@@ -29,6 +29,7 @@ import threading
 from typing import NamedTuple
 
 from .. import trace
+from ..compiler.pool import lower_priority
 from .call import NotCompilable
 from .graph import NeedsResize
 
@@ -63,10 +64,7 @@ class _Worker:
         )
         # At once: its imports (torch, torchneuron) take a core for a second
         # or two, while the program's first steps run.
-        try:
-            os.setpriority(os.PRIO_PROCESS, self.process.pid, 10)
-        except OSError:
-            pass
+        lower_priority(self.process.pid)
 
     def ask(self, request):
         _write(self.process.stdin, request)
