@@ -30,10 +30,12 @@ void set_fast_path_checks(pybind11::dict entry_globals, pybind11::dict trace_glo
                           pybind11::object dispatched_counts);
 // pending_graph.cpp
 void set_recorder_api(pybind11::object pending, pybind11::object fresh_graph, pybind11::object cut_loop,
-                      pybind11::object cut_size, pybind11::object cut_held, pybind11::object op_record,
-                      pybind11::object is_library_file, pybind11::object miss);
+                      pybind11::object cut_size, pybind11::object cut_held, pybind11::object cut_peak,
+                      pybind11::object op_record, pybind11::object is_library_file, pybind11::object miss);
 void set_adaptive_max_ops(int64_t n);
 void set_adaptive_held_bytes(int64_t n);
+void set_adaptive_peak_cuts(bool on);
+void forget_peak_cuts();
 pybind11::object record_append(pybind11::handle recipe, pybind11::handle tensors, pybind11::handle floats,
                                pybind11::handle ints, pybind11::handle location);
 void forget_pending_lists();
@@ -192,6 +194,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_recorder_api", &set_recorder_api);
   m.def("set_adaptive_max_ops", &set_adaptive_max_ops);
   m.def("set_adaptive_held_bytes", &set_adaptive_held_bytes);
+  m.def("set_adaptive_peak_cuts", &set_adaptive_peak_cuts);
+  m.def("forget_peak_cuts", &forget_peak_cuts);
   m.def("record_append", &record_append);
   m.def("forget_pending_lists", &forget_pending_lists);
   m.def("weak_storage", &weak_storage);

@@ -15,7 +15,9 @@
 
 #include <frameobject.h>
 
+#include <array>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace torchneuron {
@@ -34,6 +36,7 @@ struct Api {
   PyObject* cut_loop = nullptr;    // recorder._cut_loop(graph)
   PyObject* cut_size = nullptr;    // recorder._cut_size(graph)
   PyObject* cut_held = nullptr;    // recorder._cut_held(graph)
+  PyObject* cut_peak = nullptr;    // recorder._cut_peak(graph)
   PyTypeObject* op_record = nullptr;  // recorder.OpRecord (a tuple subclass)
   PyObject* is_library_file = nullptr;  // runtime.errors.is_library_file(filename)
   PyObject* miss = nullptr;
@@ -41,6 +44,23 @@ struct Api {
 Api api;
 Py_ssize_t max_ops = 32;
 int64_t max_held_bytes = -1;  // config.adaptive_held_kb in bytes (negative: no such cut)
+
+// Memory peaks. Deferring ops keeps the graph's inputs alive until its cut,
+// after the program dropped them (op mode would have freed them). When that
+// makes the device's allocated memory pass the highest level op mode would
+// have reached (the level without those inputs), the recorder learns to cut
+// graphs of the same ops right after their last read of those inputs: from
+// the next iteration on they are freed before the peak. A learned cut point
+// is the hash of the recipes recorded since the graph began.
+bool peak_cuts_on = true;  // config.adaptive_peak_cuts
+std::unordered_set<uint64_t> peak_cuts;
+constexpr size_t kMaxPeakCuts = 4096;
+std::array<int64_t, 64> op_level_peak{};  // per device: the highest allocated level less held inputs
+
+uint64_t hash_step(uint64_t h, long long recipe_id) {
+  return (h ^ static_cast<uint64_t>(recipe_id)) * 0x100000001b3ULL + 0x9e3779b97f4a7c15ULL;
+}
+constexpr uint64_t kPrefixSeed = 0xcbf29ce484222325ULL;
 
 // -- weak references to result storages, as capsules --------------------------
 
@@ -143,8 +163,10 @@ struct Fields {
   PyObject* ints = nullptr;
   int64_t stream = 0;
   long index = -1;
+  std::vector<uint64_t> prefix;  // prefix[k]: hash of the recipes of ops[0:k]
 
   void clear() {
+    prefix.clear();
     for (PyObject** p : {&graph, &slot_of, &storages, &addresses, &dtypes, &numels, &external, &ops, &identity,
                          &floats, &ints}) {
       Py_CLEAR(*p);
@@ -183,6 +205,16 @@ bool load(PyObject* graph) {
   f.index = PyLong_AsLong(index);
   Py_DECREF(stream);
   Py_DECREF(index);
+  f.prefix.push_back(kPrefixSeed);
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(f.ops); ++i) {
+    PyObject* id = PyObject_GetAttrString(PyTuple_GET_ITEM(PyList_GET_ITEM(f.ops, i), 0), "id");
+    if (id == nullptr) {
+      f.clear();
+      return false;
+    }
+    f.prefix.push_back(hash_step(f.prefix.back(), PyLong_AsLongLong(id)));
+    Py_DECREF(id);
+  }
   Py_INCREF(graph);
   f.graph = graph;
   fields = f;
@@ -279,6 +311,44 @@ int64_t held_only_here() {
     if (storage.use_count() == 1) bytes += static_cast<int64_t>(storage.nbytes());
   }
   return bytes;
+}
+
+// After an append: when the graph's dropped inputs lift the device's memory
+// past the level op mode would have reached, remember to cut graphs of the
+// same ops right after their last read of those inputs (see peak_cuts).
+void learn_peak_cut(c10::DeviceIndex index) {
+  if (index < 0 || static_cast<size_t>(index) >= op_level_peak.size()) return;
+  const MemoryStats s = memory_stats(index);
+  int64_t& peak = op_level_peak[index];
+  if (s.peak < peak) peak = s.peak;  // the program reset the peak statistics
+  if (s.allocated <= peak) return;
+  // Dropped inputs, as held_only_here, by slot.
+  std::vector<char> dropped(PyList_GET_SIZE(fields.storages), 0);
+  int64_t held = 0;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(fields.storages); ++i) {
+    PyObject* o = PyList_GET_ITEM(fields.storages, i);
+    if (Py_REFCNT(o) != 1 || !THPStorage_Check(o)) continue;
+    const c10::Storage& storage = THPStorage_Unpack(o);
+    if (storage.use_count() == 1) {
+      held += static_cast<int64_t>(storage.nbytes());
+      dropped[i] = 1;
+    }
+  }
+  peak = std::max(peak, s.allocated - held);
+  if (held == 0 || s.allocated <= peak || peak_cuts.size() >= kMaxPeakCuts) return;
+  Py_ssize_t last = -1;  // the last op reading a dropped input
+  PyObject* ops = fields.ops;
+  for (Py_ssize_t i = PyList_GET_SIZE(ops) - 1; i >= 0 && last < 0; --i) {
+    PyObject* refs = PyTuple_GET_ITEM(PyList_GET_ITEM(ops, i), 1);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(refs); k += 2) {
+      const Py_ssize_t slot = PyLong_AsSsize_t(PyTuple_GET_ITEM(refs, k));
+      if (slot >= 0 && slot < static_cast<Py_ssize_t>(dropped.size()) && dropped[slot]) {
+        last = i;
+        break;
+      }
+    }
+  }
+  if (last >= 0) peak_cuts.insert(fields.prefix[last + 1]);
 }
 
 // The op's results, or api.miss (nothing appended) when the op path must take
@@ -445,6 +515,7 @@ PyObject* append(PyObject* recipe, PyObject* tensors, PyObject* floats, PyObject
   PyTuple_SET_ITEM(record, 5, loc);
   PyObject* id = get_attr(recipe, names().id);
   bool ok = id != nullptr && append_steal(fields.identity, PyTuple_Pack(2, id, refs));
+  if (ok) fields.prefix.push_back(hash_step(fields.prefix.back(), PyLong_AsLongLong(id)));
   Py_XDECREF(id);
   ok = ok && PyList_Append(fields.ops, record) == 0;
   Py_DECREF(record);
@@ -481,6 +552,10 @@ PyObject* append(PyObject* recipe, PyObject* tensors, PyObject* floats, PyObject
     } else if (n - loop_start >= kLoopConfirm) {
       cut = api.cut_loop;
     }
+  }
+  if (peak_cuts_on) {
+    learn_peak_cut(static_cast<c10::DeviceIndex>(index));
+    if (cut == nullptr && !peak_cuts.empty() && peak_cuts.count(fields.prefix[n])) cut = api.cut_peak;
   }
   if (cut == nullptr) {
     if (n >= max_ops) {
@@ -521,8 +596,9 @@ PyObject* append_learned(PyObject* recipe, PyObject* tensors, PyObject* floats, 
 }
 
 void set_recorder_api(pybind11::object pending, pybind11::object fresh_graph, pybind11::object cut_loop,
-                      pybind11::object cut_size, pybind11::object cut_held, pybind11::object op_record,
-                      pybind11::object is_library_file, pybind11::object miss) {
+                      pybind11::object cut_size, pybind11::object cut_held, pybind11::object cut_peak,
+                      pybind11::object op_record, pybind11::object is_library_file, pybind11::object miss) {
+  api.cut_peak = cut_peak.release().ptr();
   api.pending = pending.release().ptr();
   api.fresh_graph = fresh_graph.release().ptr();
   api.cut_loop = cut_loop.release().ptr();
@@ -536,6 +612,14 @@ void set_recorder_api(pybind11::object pending, pybind11::object fresh_graph, py
 void set_adaptive_max_ops(int64_t n) { max_ops = static_cast<Py_ssize_t>(n); }
 
 void set_adaptive_held_bytes(int64_t n) { max_held_bytes = n; }
+
+void set_adaptive_peak_cuts(bool on) { peak_cuts_on = on; }
+
+// Forget the learned peak cuts and levels (recorder.reset).
+void forget_peak_cuts() {
+  peak_cuts.clear();
+  op_level_peak.fill(0);
+}
 
 pybind11::object record_append(pybind11::handle recipe, pybind11::handle tensors, pybind11::handle floats,
                                pybind11::handle ints, pybind11::handle location) {

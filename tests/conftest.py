@@ -64,6 +64,7 @@ def _fresh_settings(request):
         compile_wait=saved["compile_wait"],
         adaptive_max_ops=saved["adaptive_max_ops"],
         adaptive_held_kb=saved["adaptive_held_kb"],
+        adaptive_peak_cuts=saved["adaptive_peak_cuts"],
     )
     torch.neuron.set_device(0)
 

@@ -331,6 +331,44 @@ def test_a_graph_holding_inputs_the_program_dropped_is_cut_past_the_setting(adap
     assert abs(allocated - base - (2 if held_kb >= 0 else 3) * 32768 * 4) < 1024
 
 
+def _dropped_input_step(src):
+    """An input the program drops early in a graph, then a new peak."""
+    x = src * 1.0
+    torch.neuron.synchronize()  # x exists before the next graph: an input of it
+    s = x.sum()
+    del x  # op mode frees it now; a pending graph still holds it
+    y = src * 3.0
+    z = y + s
+    return (z * 2).amax()
+
+
+def _step_peak(step, src) -> int:
+    torch.neuron.synchronize()
+    torch.neuron.reset_peak_memory_stats()
+    step(src)
+    torch.neuron.synchronize()
+    return torch.neuron.max_memory_allocated()
+
+
+@pytest.mark.parametrize("peak_cuts", [True, False])
+def test_inputs_the_program_dropped_do_not_lift_the_peak_past_op_modes(adaptive, peak_cuts):
+    # Launches and compiles finish in order, so memory levels do not depend on timing.
+    torchneuron.config.set(launch_blocking=True, compile_wait=True, adaptive_peak_cuts=peak_cuts)
+    recorder.reset()
+    src = torch.randint(-8, 8, (65536,)).float().to("neuron")  # 256 KiB, sums exact
+    with torchneuron.eager_mode("op"):
+        expected = _dropped_input_step(src.cpu())
+        op_peak = max(_step_peak(_dropped_input_step, src) for _ in range(2))
+    peaks = [_step_peak(_dropped_input_step, src) for _ in range(4)]
+    cuts = torchneuron.adaptive_stats()["cut_reasons"].get("memory peak", 0)
+    torch.testing.assert_close(_dropped_input_step(src).cpu(), expected)
+    if peak_cuts:
+        # Learned in the first iteration, cut from the second on.
+        assert cuts >= 2 and peaks[-1] <= op_peak and peaks[-2] <= op_peak
+    else:
+        assert cuts == 0 and peaks[-1] >= op_peak + 65536 * 4
+
+
 @pytest.mark.parametrize("bad", [-2, 1.5, "64"])
 def test_adaptive_held_kb_refuses_what_is_not_an_integer_from_minus_one(bad):
     before = torchneuron.config.settings.adaptive_held_kb

@@ -68,6 +68,10 @@ class Settings:
     # demo step (docs/benchmarks.md): 128 brings the peak down to op mode's,
     # but 7.5 ops per graph instead of 30 make the step slower than op mode's.
     adaptive_held_kb: int = field(default_factory=lambda: _env_int("TORCHNEURON_ADAPTIVE_HELD_KB", -1))
+    # Adaptive eager learns where the inputs a graph holds after the program
+    # dropped them would lift memory past op mode's peak, and from the next
+    # iteration cuts graphs right after their last read of them.
+    adaptive_peak_cuts: bool = field(default_factory=lambda: _env_int("TORCHNEURON_ADAPTIVE_PEAK_CUTS", 1) != 0)
     # Wait for every compile instead of running what is not compiled yet on
     # the op path or the host (for debugging and comparisons).
     compile_wait: bool = field(default_factory=lambda: _env_int("TORCHNEURON_COMPILE_WAIT", 0) != 0)

@@ -36,6 +36,8 @@ def _on_setting(name, value) -> None:
         _C.set_adaptive_max_ops(value)
     elif name == "adaptive_held_kb":
         _C.set_adaptive_held_bytes(value * 1024)
+    elif name == "adaptive_peak_cuts":
+        _C.set_adaptive_peak_cuts(value)
 
 
 def set_eager_mode(mode: str) -> None:
@@ -78,6 +80,7 @@ queue.before_sync.append(_before_sync)
 config.on_change(_on_setting)
 _C.set_adaptive_max_ops(config.settings.adaptive_max_ops)
 _C.set_adaptive_held_bytes(config.settings.adaptive_held_kb * 1024)
+_C.set_adaptive_peak_cuts(config.settings.adaptive_peak_cuts)
 _apply(config.settings.eager_mode)
 
 __all__ = ["eager_mode", "executor", "get_eager_mode", "recorder", "set_eager_mode", "stats", "wait_for_compiles"]

@@ -387,7 +387,9 @@ def _replay(graph, start: int, end: int, allow_compile: bool) -> None:
             b = bases[slot] = torch.empty(0, dtype=graph.dtypes[slot], device=device).set_(graph.storage_for(slot))
         return b
 
-    for rec in graph.ops[start:end]:
+    ends = _dead_ends(graph)
+    for i in range(start, end):
+        rec = graph.ops[i]
         r = rec.recipe
         refs = rec.refs
         tensors = [
@@ -397,6 +399,29 @@ def _replay(graph, start: int, end: int, allow_compile: bool) -> None:
         args = tuple(rebuild(s, tensors, rec.floats, rec.ints, device) for s in r.args)
         kwargs = {k: rebuild(s, tensors, rec.floats, rec.ints, device) for k, s in r.kwargs}
         _run_one(r, rec, args, kwargs, outs, device, allow_compile)
+        done = ends.get(i)
+        if done:  # dead intermediates no later op of the graph uses: their memory goes back now, as in op mode
+            del tensors, outs, args, kwargs
+            for slot in done:
+                bases.pop(slot, None)
+                graph.revived.pop(slot, None)
+
+
+def _dead_ends(graph) -> dict:
+    """op index -> the dead intermediates (results the program dropped) that
+    op is the graph's last to use."""
+    live = set(graph.live)
+    last = {}
+    for i, rec in enumerate(graph.ops):
+        for slot in rec.refs[0::2]:
+            last[slot] = i
+        for slot in rec.out_slots:
+            last[slot] = i
+    ends: dict = {}
+    for slot, i in last.items():
+        if not graph.external[slot] and slot not in live:
+            ends.setdefault(i, []).append(slot)
+    return ends
 
 
 def _run_one(r, rec, args, kwargs, outs, device, allow_compile) -> None:

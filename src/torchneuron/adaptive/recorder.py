@@ -98,6 +98,7 @@ class PendingGraph:
         self.numels: list = []
         self.external: list = []  # slot -> existed before the graph
         self.revived: dict = {}  # at the cut: result slot -> its storage (see storage_for)
+        self.live: tuple = ()  # at the cut: the result slots the program still holds
         self.ops: list = []  # OpRecord
         self.identity: list = []  # what makes two graphs the same graph
         self.floats: list = []
@@ -160,7 +161,8 @@ class PendingGraph:
                 if storage is not None:
                     revived[i] = storage
                     live.append(i)
-        return tuple(live)
+        self.live = tuple(live)
+        return self.live
 
     def storage_for(self, slot):
         """After hold_results: where a slot's memory is. A result the program
@@ -466,15 +468,24 @@ def _cut_held(graph):
     _cut_size(graph, "inputs held")
 
 
+def _cut_peak(graph):
+    """A cut learned from an earlier iteration (csrc/pending_graph.cpp,
+    learn_peak_cut): here the graph's inputs the program drops would lift
+    memory past op mode's peak; cut, so they are freed before it."""
+    _cut_size(graph, "memory peak")
+
+
 # (csrc/pending_graph.cpp: a loop body of 4 ops or fewer is not cut out, x = x + x is cut by the
 # size cap; 4 ops must repeat the graph's first ones before it is cut there.)
-_C.set_recorder_api(_pending, _fresh_graph, _cut_loop, _cut_size, _cut_held, OpRecord, is_library_file, MISS)
+_C.set_recorder_api(_pending, _fresh_graph, _cut_loop, _cut_size, _cut_held, _cut_peak, OpRecord, is_library_file,
+                    MISS)
 _C.set_fast_path_checks(vars(_entry), vars(trace), vars(_shape_registry), config.settings, _append_known,
                         dispatched)
 
 
 def reset() -> None:
     _C.forget_calls(None)
+    _C.forget_peak_cuts()
     with _lock:
         _recipes.clear()
         _params_of_known.clear()
