@@ -55,6 +55,7 @@ int64_t max_held_bytes = -1;  // config.adaptive_held_kb in bytes (negative: no 
 bool peak_cuts_on = true;  // config.adaptive_peak_cuts
 std::unordered_set<uint64_t> peak_cuts;
 constexpr size_t kMaxPeakCuts = 4096;
+constexpr int64_t kMinPeakCutBytes = 64 * 1024;
 std::array<int64_t, 64> op_level_peak{};  // per device: the highest allocated level less held inputs
 
 uint64_t hash_step(uint64_t h, long long recipe_id) {
@@ -335,7 +336,10 @@ void learn_peak_cut(c10::DeviceIndex index) {
     }
   }
   peak = std::max(peak, s.allocated - held);
-  if (held == 0 || s.allocated <= peak || peak_cuts.size() >= kMaxPeakCuts) return;
+  // A cut costs a launch: not for a few dropped bytes (a chain of tiny ops
+  // drops each graph's input at its first op).
+  const int64_t worth = std::max(kMinPeakCutBytes, peak / 256);
+  if (held < worth || s.allocated <= peak || peak_cuts.size() >= kMaxPeakCuts) return;
   Py_ssize_t last = -1;  // the last op reading a dropped input
   PyObject* ops = fields.ops;
   for (Py_ssize_t i = PyList_GET_SIZE(ops) - 1; i >= 0 && last < 0; --i) {
