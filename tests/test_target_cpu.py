@@ -340,3 +340,23 @@ def test_compile_service_honours_explicit_flags_and_refuses_host(service, client
         client.compile(cache_key(mlir, *old), mlir, what, old)
     health = client.health()
     assert health["refused"] == 1 and health["compiles"] == 1
+
+
+def test_a_process_that_only_runs_the_compiler_does_not_load_its_python_bindings(tmp_path):
+    """Resolving the CPU and compiling run iree-compile as a process; the MLIR
+    Python bindings (0.33 s to load, mostly under the GIL) belong to the
+    lowering worker, not to the program whose first ops run meanwhile (with
+    TORCHNEURON_COMPILE_WAIT=1 the program lowers in its own process)."""
+    code = """
+        import json, sys, torch, torchneuron
+        torchneuron.config.set(compile_wait=False)
+        x = torch.arange(6.0).to("neuron")
+        for _ in range(2):  # on the host while it builds, then compiled
+            y = (x * 3).tanh().cpu()
+            assert torch.allclose(y, (torch.arange(6.0) * 3).tanh())
+            assert torchneuron.wait_for_compiles(timeout=600)
+        print("STATS " + json.dumps({"compiles": torchneuron.compile_stats()["compiles"],
+                                     "bindings": "iree.compiler" in sys.modules}))
+    """
+    stats, _ = run_python(code, tmp_path / "cache")
+    assert stats["compiles"] >= 1 and stats["bindings"] is False

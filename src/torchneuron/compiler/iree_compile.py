@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
+import os
 import subprocess
 import time
 
@@ -82,31 +84,70 @@ def cpu_flags(cpu) -> tuple:
     return tuple(flags)
 
 
-def run_compiler(source, **options) -> bytes:
-    """iree-compile on `source` (ireec.compile_str's options); from a
-    background thread the compiler process runs at a lower priority.
-    Raises ireec.CompilerToolError."""
-    from iree.compiler.tools.binaries import CompilerToolError
-    from iree.compiler.tools.core import CompilerOptions, build_compile_command_line
-    from iree.compiler.tools.debugging import TempFileSaver
+class CompilerToolError(RuntimeError):
+    """iree-compile exited with an error: its diagnostics and command line."""
 
-    with TempFileSaver.implicit() as temps:
-        command = build_compile_command_line("-", temps, CompilerOptions(**options))
-        data = source.encode() if isinstance(source, str) else bytes(source)
-        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        if in_background():
-            lower_priority(process.pid)
-        out, err = process.communicate(data)
+    def __init__(self, command: list, returncode: int, stderr: bytes):
+        self.command, self.returncode = command, returncode
+        self.diagnostics = stderr.decode("utf-8", errors="replace")
+        super().__init__(f"Error invoking IREE compiler tool {os.path.basename(command[0])}\n"
+                         f"Error code: {returncode}\nDiagnostics:\n{self.diagnostics}\n\n"
+                         f"Invoked with:\n {' '.join(command)}\n\n"
+                         "Need more information? Set IREE_SAVE_TEMPS=/some/dir in your environment "
+                         "to save all artifacts and reproducers.\n")
+
+
+@functools.lru_cache(maxsize=None)
+def _tool(name: str) -> str:
+    """Where an IREE compiler tool is, found as iree.compiler.tools finds it
+    (IREE_TOOL_PATH first, then the wheel's own) but without importing
+    iree.compiler: its package loads the MLIR Python bindings, 0.33 s mostly
+    under the GIL, which a cold program's first step paid for on another
+    thread (only the lowering worker process needs them)."""
+    for entry in os.environ.get("IREE_TOOL_PATH", "").split(os.pathsep):
+        if entry and os.access(os.path.join(entry, name), os.X_OK):
+            return os.path.join(entry, name)
+    spec = importlib.util.find_spec("iree.compiler")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("neuron: the IREE compiler is not installed (pip install iree-base-compiler)")
+    return os.path.join(spec.submodule_search_locations[0], "_mlir_libs", name)
+
+
+def _command(input_type: str = "auto", target_backends=(), extra_args=()) -> list:
+    """The command line iree.compiler.compile_str builds for these options."""
+    if os.environ.get("IREE_SAVE_TEMPS"):  # the library's own, with its crash reproducers
+        from iree.compiler.tools.core import CompilerOptions, build_compile_command_line
+        from iree.compiler.tools.debugging import TempFileSaver
+
+        with TempFileSaver.implicit() as temps:
+            return build_compile_command_line("-", temps, CompilerOptions(
+                input_type=input_type, target_backends=list(target_backends), extra_args=list(extra_args)))
+    command = [_tool("iree-compile"), "-", f"--iree-input-type={input_type}",
+               "--iree-vm-bytecode-module-output-format=flatbuffer-binary"]
+    command += [f"--iree-hal-target-backends={b}" for b in target_backends]
+    if "llvm-cpu" in target_backends:
+        command.append(f"--iree-llvmcpu-embedded-linker-path={_tool('iree-lld')}")
+    return command + ["--mlir-print-debuginfo", "--mlir-print-op-on-diagnostic=false", *extra_args]
+
+
+def run_compiler(source, **options) -> bytes:
+    """iree-compile on `source` (compile_str's input_type, target_backends
+    and extra_args); from a background thread the compiler process runs at a
+    lower priority. Raises CompilerToolError."""
+    command = _command(**options)
+    data = source.encode() if isinstance(source, str) else bytes(source)
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if in_background():
+        lower_priority(process.pid)
+    out, err = process.communicate(data)
     if process.returncode != 0:
-        raise CompilerToolError(subprocess.CompletedProcess(command, process.returncode, out, err))
+        raise CompilerToolError(command, process.returncode, err)
     return out
 
 
 def compile_mlir(mlir: str, what: str, driver: str | None = None, target: tuple | None = None) -> tuple:
     """Compile MLIR text for a driver, or for an explicit (backend, flags)
     target; returns (vmfb bytes, seconds). Raises CompileError."""
-    import iree.compiler as ireec
-
     backend, flags = target or target_flags(driver)
     start = time.perf_counter()
     try:
@@ -122,6 +163,6 @@ def compile_mlir(mlir: str, what: str, driver: str | None = None, target: tuple 
             )
         else:
             vmfb = run_compiler(flow, target_backends=[backend], extra_args=[*flags, "--compile-from=flow"])
-    except ireec.CompilerToolError as e:
+    except CompilerToolError as e:
         raise CompileError(what, str(e)) from None
     return bytes(vmfb), time.perf_counter() - start

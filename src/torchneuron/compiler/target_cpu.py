@@ -95,14 +95,12 @@ def enabled_features(features_text: str) -> frozenset:
 
 def _probe(description: str) -> TargetCpu:
     """Ask the compiler which CPU `description` means (about 0.2-0.4 s)."""
-    import iree.compiler as ireec
-
-    from .iree_compile import run_compiler
+    from .iree_compile import CompilerToolError, run_compiler
 
     try:
         out = run_compiler(_PROBE, target_backends=["llvm-cpu"],
                                 extra_args=[CPU_FLAG + description, "--compile-to=executable-sources"])
-    except ireec.CompilerToolError as e:
+    except CompilerToolError as e:
         text = str(e)
         known = re.search(r"List of accepted CPUs: ([^\n]*)", text)
         hint = f"; the compiler knows: {known.group(1)[:1500]}" if known else f":\n{text.strip()[:2000]}"
