@@ -161,7 +161,8 @@ def test_complex_graphs_in_adaptive_eager_mode():
     with torchneuron.eager_mode("adaptive"):
         torchneuron.config.set(compile_wait=False)
         first = program(*args).cpu()  # met for the first time: on the host
-        program(*args).cpu()  # recorded, run op by op while the graph compiles
+        program(*args).cpu()  # recorded; the graph met once: op by op
+        program(*args).cpu()  # met again: op by op while the graph compiles
         assert torchneuron.wait_for_compiles(timeout=600)
         fused = torchneuron.adaptive_stats()["ops_fused"]
         again = program(*args).cpu()

@@ -110,9 +110,14 @@ def _run_graph(graph, reason: str) -> None:
     live = graph.hold_results()
     identity = (tuple(graph.identity), live)
     fused = _fused.get(identity)
-    if fused is None and reason == recorder.FIRST_MEETING_CUT and not config.settings.compile_wait:
-        # Cut short by a call met for the first time (a program's first
-        # iteration): a fragment the next iteration will not meet again.
+    if fused is None and not config.settings.compile_wait and (
+            reason == recorder.FIRST_MEETING_CUT or _met_first(identity)):
+        # Built from its second meeting on: a graph cut short by a call met
+        # for the first time is a fragment the next iteration will not meet
+        # again, and so are most graphs of a loop's first iterations, before
+        # the loop's cuts settle (the cold demo built 14 graphs, 6 of which
+        # came back; the lowering worker, one graph at a time, spent most of
+        # its minute on the other 8).
         _replay(graph, 0, n, allow_compile=False)
         stats.launches["op"] += 1
         return
@@ -229,6 +234,20 @@ def _describe(ops) -> str:
     names = [op.recipe.info.name.replace("aten.", "") for op in ops]
     shown = ", ".join(names[:6]) + (f", ... ({len(names)} ops)" if len(names) > 6 else "")
     return f"fused graph [{shown}] from {ops[0].source()}"
+
+
+_met_once: set = set()  # identities of graphs met once and not built
+
+
+def _met_first(identity) -> bool:
+    """Whether this is the first meeting of a graph (remembered)."""
+    if identity in _met_once:
+        _met_once.discard(identity)
+        return False
+    if len(_met_once) >= 4 * _MAX_FUSED:
+        _met_once.clear()
+    _met_once.add(identity)
+    return True
 
 
 def _submit_build(fused, graph, live) -> None:
@@ -460,7 +479,7 @@ def _run_one(r, rec, args, kwargs, outs, device, allow_compile) -> None:
 
 
 def wait_for_builds(timeout: float | None = None) -> bool:
-    """Wait until every fused graph met so far is built (or failed); False on timeout."""
+    """Wait until every fused graph met twice so far is built (or failed); False on timeout."""
     deadline = None if timeout is None else time.monotonic() + timeout
     for fused in list(_fused.values()):
         future = fused.future
@@ -481,6 +500,7 @@ def graph_count() -> int:
 
 def reset() -> None:
     _fused.clear()
+    _met_once.clear()
 
 
 recorder.cut_hook = cut
