@@ -251,3 +251,25 @@ def test_the_comparison_tolerance_scales_with_the_tensor():
     assert census._compare([wrong], [big], "gradient").startswith("gradient[0]")
     small = torch.linspace(-1, 1, 64)
     assert census._compare([small + 3e-3], [small], "output") is not None  # unit scale: 1e-3 as before
+
+
+def test_a_crashed_or_hung_worker_is_a_failure_of_every_mode_it_was_to_run():
+    """`eval` said "0 new failures" of a census whose yolos worker the kernel
+    killed: only models that ran were counted."""
+    ok = {"status": "ran", "modes": {"compile": {"forward": "pass", "backward": "pass"}}}
+    bad = {"status": "ran", "modes": {"compile": {"forward": "mismatch"}}}
+    results = {
+        "crashed": {"status": "crash", "reason": "the worker exited with -9"},
+        "hung": {"status": "timeout", "reason": "no result within 900 s"},
+        "fine": ok,
+        "wrong": bad,
+        "cpu-fails": {"status": "reference-error", "reason": "RuntimeError"},
+        "absent": {"status": "not-buildable", "reason": "ImportError"},
+    }
+    new, known = stages.classify_failures(results, ["compile"], {})
+    assert [(m, mode) for m, mode, _ in new] == [("crashed", "compile"), ("hung", "compile"), ("wrong", "compile")]
+    assert new[0][2] == {"status": "crash", "reason": "the worker exited with -9"} and known == []
+    # Known where the baseline failed there too (or lost its worker); new where it passed.
+    baseline = {"crashed": {"status": "crash"}, "hung": ok, "wrong": bad}
+    new, known = stages.classify_failures(results, ["compile"], baseline)
+    assert [m for m, _, _ in new] == ["hung"] and [m for m, _, _ in known] == ["crashed", "wrong"]

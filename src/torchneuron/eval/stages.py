@@ -101,17 +101,7 @@ def _models(stage: str):
                                         record=getattr(args, "record", None))
         if models is not None:
             results = {m: r for m, r in results.items() if m in set(models)}
-        failures, known = [], []
-        for model, r in sorted(results.items()):
-            if r.get("status") != "ran":
-                continue  # not buildable, or the CPU reference fails: not a backend result
-            for mode in args.modes:
-                if census_report.model_passes(r, mode):
-                    continue
-                before = baseline.get(model)
-                was_failing = before is not None and mode in (before.get("modes") or {}) and \
-                    not census_report.model_passes(before, mode)
-                (known if was_failing else failures).append((model, mode, (r.get("modes") or {}).get(mode)))
+        failures, known = classify_failures(results, args.modes, baseline)
         statuses = {}
         for r in results.values():
             statuses[r.get("status")] = statuses.get(r.get("status"), 0) + 1
@@ -127,6 +117,34 @@ def _models(stage: str):
                 "known_failures": [m for m, _, _ in known]}
 
     return runner
+
+
+# Not a backend result: the model cannot be built here, or CPU itself fails on its inputs.
+_NOT_BACKEND_RESULTS = ("not-buildable", "reference-error")
+
+
+def classify_failures(results: dict, modes, baseline: dict) -> tuple:
+    """(new failures, known failures) as (model, mode, entry) lists. A worker
+    that crashed or timed out fails every mode it was to run (its entry says
+    why); known means the baseline failed there too."""
+    from . import census_report
+
+    failures, known = [], []
+    for model, r in sorted(results.items()):
+        status = r.get("status")
+        if status in _NOT_BACKEND_RESULTS:
+            continue
+        before = baseline.get(model)
+        for mode in modes:
+            if status == "ran" and census_report.model_passes(r, mode):
+                continue
+            entry = (r.get("modes") or {}).get(mode) if status == "ran" else \
+                {"status": status, "reason": r.get("reason")}
+            was_failing = before is not None and before.get("status") not in _NOT_BACKEND_RESULTS and (
+                before.get("status") != "ran" or (mode in (before.get("modes") or {})
+                                                  and not census_report.model_passes(before, mode)))
+            (known if was_failing else failures).append((model, mode, entry))
+    return failures, known
 
 
 def _baseline(path: str | None) -> dict:
