@@ -302,14 +302,19 @@ PyObject* get_attr(PyObject* o, PyObject* name) { return PyObject_GetAttr(o, nam
 // program dropped them (autograd let a saved activation go, say) and op mode
 // would have freed them already. Only the graph's list holds the storage
 // object, and only that object holds the storage.
-int64_t held_only_here() {
+// `dropped`, when given, marks their slots.
+int64_t held_only_here(std::vector<char>* dropped = nullptr) {
   int64_t bytes = 0;
   const Py_ssize_t n = PyList_GET_SIZE(fields.storages);
+  if (dropped != nullptr) dropped->assign(n, 0);
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* held = PyList_GET_ITEM(fields.storages, i);
     if (Py_REFCNT(held) != 1 || !THPStorage_Check(held)) continue;
     const c10::Storage& storage = THPStorage_Unpack(held);
-    if (storage.use_count() == 1) bytes += static_cast<int64_t>(storage.nbytes());
+    if (storage.use_count() == 1) {
+      bytes += static_cast<int64_t>(storage.nbytes());
+      if (dropped != nullptr) (*dropped)[i] = 1;
+    }
   }
   return bytes;
 }
@@ -323,18 +328,8 @@ void learn_peak_cut(c10::DeviceIndex index) {
   int64_t& peak = op_level_peak[index];
   if (s.peak < peak) peak = s.peak;  // the program reset the peak statistics
   if (s.allocated <= peak) return;
-  // Dropped inputs, as held_only_here, by slot.
-  std::vector<char> dropped(PyList_GET_SIZE(fields.storages), 0);
-  int64_t held = 0;
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(fields.storages); ++i) {
-    PyObject* o = PyList_GET_ITEM(fields.storages, i);
-    if (Py_REFCNT(o) != 1 || !THPStorage_Check(o)) continue;
-    const c10::Storage& storage = THPStorage_Unpack(o);
-    if (storage.use_count() == 1) {
-      held += static_cast<int64_t>(storage.nbytes());
-      dropped[i] = 1;
-    }
-  }
+  std::vector<char> dropped;
+  const int64_t held = held_only_here(&dropped);
   peak = std::max(peak, s.allocated - held);
   // A cut costs a launch: not for a few dropped bytes (a chain of tiny ops
   // drops each graph's input at its first op).
