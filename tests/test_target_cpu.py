@@ -9,6 +9,7 @@ results are still checked against CPU.
 """
 
 import contextlib
+import os
 import io
 import json
 import pathlib
@@ -360,3 +361,31 @@ def test_a_process_that_only_runs_the_compiler_does_not_load_its_python_bindings
     """
     stats, _ = run_python(code, tmp_path / "cache")
     assert stats["compiles"] >= 1 and stats["bindings"] is False
+
+
+def test_the_compiler_command_is_the_one_the_iree_library_builds(tmp_path, monkeypatch):
+    """run_compiler builds iree-compile's command line itself (not importing
+    iree.compiler); it must stay the library's, and under IREE_SAVE_TEMPS it
+    is the library's own, with its crash reproducer."""
+    from iree.compiler.tools.core import CompilerOptions, build_compile_command_line
+    from iree.compiler.tools.debugging import TempFileSaver
+
+    from torchneuron.compiler.iree_compile import _command
+
+    options = dict(input_type="torch", target_backends=["llvm-cpu"], extra_args=["--compile-to=flow"])
+    monkeypatch.delenv("IREE_SAVE_TEMPS", raising=False)
+    with TempFileSaver.implicit() as temps:
+        library = build_compile_command_line("-", temps, CompilerOptions(**options))
+    ours = _command(**options)
+
+    def normalized(command):  # tools/../_mlir_libs/x and _mlir_libs/x are one file
+        out = []
+        for arg in command:
+            flag, eq, value = arg.rpartition("=") if arg.startswith("--") else ("", "", arg)
+            out.append(flag + eq + (os.path.realpath(value) if os.sep in value else value))
+        return out
+
+    assert normalized(ours) == normalized(library)
+    monkeypatch.setenv("IREE_SAVE_TEMPS", str(tmp_path))
+    saved = _command(**options)
+    assert any(a.startswith("--mlir-pass-pipeline-crash-reproducer=" + str(tmp_path)) for a in saved)

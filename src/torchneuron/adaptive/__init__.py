@@ -63,8 +63,8 @@ def eager_mode(mode: str):
 
 def wait_for_compiles(timeout: float | None = None) -> bool:
     """Cut pending graphs and wait until every fused graph met twice (the
-    first meeting runs op by op) and every op executable met so far is built (or known to fail), so later occurrences
-    run compiled; False on timeout."""
+    first meeting runs op by op) and every op executable met so far is built
+    (or known to fail), so later occurrences run compiled; False on timeout."""
     recorder.flush(None, "wait for compiles")
     deadline = None if timeout is None else time.monotonic() + timeout
     if not eager.wait_for_builds(timeout):
