@@ -32,7 +32,7 @@ from ..cache.disk import disk_cache
 from ..cache.key import plan_id
 from ..compiler import target_flags
 from ..compiler.pool import background_pool, default_workers
-from ..dispatch import eager, host_fallback
+from ..dispatch import eager, host_fallback, host_threads
 from ..dispatch import stats as op_stats
 from ..lowering import NotCompilable
 from ..lowering.call import numbers_as_tensors, rebuild
@@ -461,6 +461,7 @@ def _run_one(r, rec, args, kwargs, outs, device, allow_compile) -> None:
     stats.op_tier_ops["host"] += 1
     queue = device_queue(device.index)
     queue.synchronize()  # device work before this op must have landed
+    host_threads.confine()
     aliases: dict = {}
     host_args = host_fallback._to_host(args, aliases)
     host_kwargs = {k: host_fallback._to_host(v, aliases) for k, v in kwargs.items()}

@@ -17,6 +17,7 @@ import torch
 from .. import _C
 from ..device import random as neuron_random
 from ..lowering.call import numbers_as_tensors
+from . import host_threads
 
 _NEURON = "neuron"
 _rng_lock = threading.Lock()
@@ -86,6 +87,7 @@ def _copy_from(src_host: torch.Tensor, dst: torch.Tensor, non_blocking: bool = F
 
 def run(op, info, args, kwargs, device: torch.device):
     """Run `op` on the host. `device` is where new results are placed."""
+    host_threads.confine()
     aliases: dict = {}
     name = info.name
     if name == "aten._copy_from.default" or name == "aten._copy_from_and_resize.default":
@@ -131,6 +133,7 @@ def _sync_mutated(arg_name, info, args, kwargs, host_args, host_kwargs):
 def _run_seeded(op, host_args, host_kwargs, device):
     """Random ops draw from the neuron generator: its state is loaded into the
     CPU default generator for the call, so seeded runs match CPU exactly."""
+    host_threads.confine()
     generator = host_kwargs.get("generator")
     if generator is None:
         generator = neuron_random.default_generator(device.index)

@@ -1,0 +1,83 @@
+"""Host kernels that run on autograd's device thread must not start a second
+OpenMP team: with more OpenMP threads than CPUs, libgomp throttles its
+spin-wait and the program's own CPU work slows down for the rest of the
+process (dispatch/host_threads.py).
+
+Each case runs in a fresh process, because an OpenMP team lives as long as
+the thread that started it. OMP_NUM_THREADS=2 makes the CPU kernels parallel
+even on a one-core machine, so the second team would appear there too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/task")
+
+_CHILD = textwrap.dedent(
+    """
+    import json, os, threading
+    import torch, torchneuron
+
+    def thread_names():
+        return [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+
+    torch.manual_seed(0)
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    torch.mm(a, b)  # the program's own OpenMP team
+    threads_before = torch.get_num_threads()
+
+    x = a.to("neuron").requires_grad_()
+    w = b.to("neuron").requires_grad_()
+    (torch.mm(x, w).tanh() * 2).sum().backward()  # mm's backward: MKL sgemm on the autograd thread
+
+    ac, bc = a.clone().requires_grad_(), b.clone().requires_grad_()
+    (torch.mm(ac, bc).tanh() * 2).sum().backward()
+
+    seen = {}
+    def user_thread():
+        seen["threads"] = torch.get_num_threads()
+    t = threading.Thread(target=user_thread)
+    t.start(); t.join()
+
+    print(json.dumps({
+        "autograd_threads": sum(n.startswith("pt_autograd") for n in thread_names()),
+        "device_count": torch.neuron.device_count(),
+        "threads_before": threads_before,
+        "threads_after": torch.get_num_threads(),
+        "user_thread": seen["threads"],
+        "grad_x": torch.allclose(x.grad.cpu(), ac.grad, rtol=1e-4, atol=1e-4),
+        "grad_w": torch.allclose(w.grad.cpu(), bc.grad, rtol=1e-4, atol=1e-4),
+        "inputs_unchanged": torch.equal(x.detach().cpu(), a) and torch.equal(w.detach().cpu(), b),
+    }))
+    """
+)
+
+
+def _child(mode: str) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="2", TORCHNEURON_EXECUTION="host", TORCHNEURON_EAGER_MODE=mode)
+    proc = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["op", "adaptive"])
+def test_backward_on_the_host_starts_no_second_openmp_team(mode):
+    out = _child(mode)
+    # libgomp's worker threads inherit their master's name: a team started on
+    # autograd's device thread shows as one more "pt_autograd_0".
+    assert out["autograd_threads"] == out["device_count"], out
+    assert out["grad_x"] and out["grad_w"] and out["inputs_unchanged"], out
+
+
+def test_program_threads_keep_their_thread_count():
+    out = _child("op")
+    assert out["threads_before"] == 2
+    assert out["threads_after"] == 2, "the program's thread was confined"
+    assert out["user_thread"] == 2, "threads the program starts later were confined"
