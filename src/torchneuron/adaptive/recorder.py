@@ -503,6 +503,7 @@ __all__ = ["FIRST_MEETING", "FRef", "IRef", "MISS", "Seq", "TRef", "flush", "rec
 # meets the same graph with new random values as an input.
 
 _NATIVE_DROPOUT = torch.ops.aten.native_dropout.default
+_BERNOULLI_ = torch.ops.aten.bernoulli_.float
 _COPY = torch.ops.aten.copy_.default
 _MUL = torch.ops.aten.mul.Tensor
 _MUL_ = torch.ops.aten.mul_.Tensor
@@ -519,8 +520,11 @@ def record_random(op, info, args, kwargs, device):
         if not (train is None or train) or not 0 < p < 1 or not x.dtype.is_floating_point or x.numel() == 0:
             return MISS
         # CPU's kernel: mask ~ bernoulli(1 - p) over a contiguous tensor of
-        # the input's shape; output = input * mask * (1 / (1 - p)).
-        _, mask = host_fallback._run_seeded(op, (torch.zeros(x.shape, dtype=x.dtype), p, train), {}, device)
+        # the input's shape; output = input * mask * (1 / (1 - p)). Only the
+        # draw runs on the host (native_dropout of zeros also multiplied:
+        # 634 against 380 us for 8x32x256 floats).
+        mask = torch.empty(x.shape, dtype=x.dtype)
+        host_fallback._run_seeded(_BERNOULLI_, (mask, 1.0 - p), {}, device)
         mask = _C.device_copy_of(mask, device.index)
         out = _MUL(x, mask)
         _MUL_(out, 1.0 / (1.0 - p))
