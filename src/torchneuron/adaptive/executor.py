@@ -60,9 +60,10 @@ class Unit:
 
 
 class FusedGraph:
-    __slots__ = ("state", "units", "reason", "future", "what", "n_ops")
+    __slots__ = ("state", "units", "reason", "future", "what", "n_ops", "dead_bytes")
 
     def __init__(self, n_ops):
+        self.dead_bytes = None  # results not written per launch (fixed by the identity)
         self.state = _BUILDING
         self.units = []  # ready: Units covering ops[0:n_ops] in order
         self.reason = ""
@@ -141,8 +142,10 @@ def _run_graph(graph, reason: str) -> None:
             else:
                 _replay(graph, unit.start, unit.end, allow_compile=True)
         stats.launches["fused" if len(fused.units) == 1 else "segmented"] += 1
-        dead = sum(graph.numels[i] * graph.dtypes[i].itemsize for i, ext in enumerate(graph.external)
-                   if not ext and i not in live)
+        dead = fused.dead_bytes
+        if dead is None:
+            dead = fused.dead_bytes = sum(graph.numels[i] * graph.dtypes[i].itemsize
+                                          for i, ext in enumerate(graph.external) if not ext and i not in live)
         if dead:
             stats.add("bytes_not_written", dead)
     else:
