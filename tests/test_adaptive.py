@@ -269,6 +269,19 @@ def test_random_ops_keep_their_graph_and_match_cpu(adaptive):
     assert torchneuron.fallback_ops().get("aten.native_dropout.default", 0) == before
 
 
+def test_native_dropout_returns_cpus_output_and_bool_mask(adaptive):
+    x = torch.randn(8, 32, 16)
+    torch.manual_seed(5)
+    cpu_out, cpu_mask = torch.ops.aten.native_dropout(x, 0.3, True)
+    torch.manual_seed(5)
+    xn = x.to("neuron")
+    out, mask = torch.ops.aten.native_dropout(xn, 0.3, True)
+    assert mask.dtype == cpu_mask.dtype == torch.bool
+    torch.testing.assert_close(out.cpu(), cpu_out)
+    assert torch.equal(mask.cpu(), cpu_mask)
+    assert torch.equal(xn.cpu(), x)
+
+
 def test_a_restarted_process_compiles_nothing(tmp_path):
     script = (
         "import torch, torchneuron\n"

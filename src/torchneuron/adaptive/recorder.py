@@ -523,9 +523,9 @@ def record_random(op, info, args, kwargs, device):
         # the input's shape; output = input * mask * (1 / (1 - p)). Only the
         # draw runs on the host (native_dropout of zeros also multiplied:
         # 634 against 380 us for 8x32x256 floats).
-        mask = torch.empty(x.shape, dtype=x.dtype)
-        host_fallback._run_seeded(_BERNOULLI_, (mask, 1.0 - p), {}, device)
-        mask = _C.device_copy_of(mask, device.index)
+        draw = torch.empty(x.shape, dtype=x.dtype)
+        host_fallback._run_seeded(_BERNOULLI_, (draw, 1.0 - p), {}, device)
+        mask = _C.device_copy_of(draw.to(torch.bool), device.index)  # native_dropout's mask is bool
         out = _MUL(x, mask)
         _MUL_(out, 1.0 / (1.0 - p))
         return out, mask
