@@ -10,6 +10,7 @@ even on a one-core machine, so the second team would appear there too.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -60,6 +61,7 @@ _CHILD = textwrap.dedent(
 )
 
 
+@functools.cache  # one fresh process per mode serves every test of it
 def _child(mode: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="2", TORCHNEURON_EXECUTION="host", TORCHNEURON_EAGER_MODE=mode)
     proc = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=600)

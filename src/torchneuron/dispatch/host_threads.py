@@ -56,23 +56,13 @@ def _thread_count_setters() -> list:
     return _setters
 
 
-def confines(thread: threading.Thread) -> bool:
-    """Whether host kernels on `thread` should use a single OpenMP thread."""
-    return isinstance(thread, threading._DummyThread) or in_background()
-
-
 def confine() -> None:
-    """Call before running a host kernel: once per thread, a thread this
-    policy covers drops to one OpenMP and MKL thread."""
+    """Call before running a host kernel: once per thread, a thread Python did
+    not start (autograd's device threads) or a background thread drops to one
+    OpenMP and MKL thread."""
     if getattr(_state, "checked", False):
         return
     _state.checked = True
-    if confines(threading.current_thread()):
+    if isinstance(threading.current_thread(), threading._DummyThread) or in_background():
         for set_count in _thread_count_setters():
             set_count(1)
-        _state.confined = True
-
-
-def confined() -> bool:
-    """Whether this thread's host kernels run on one thread (for tests and stats)."""
-    return getattr(_state, "confined", False)
