@@ -8,6 +8,8 @@
 #include <ATen/native/Resize.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cstring>
 #include <deque>
 #include <mutex>
 
@@ -63,8 +65,33 @@ struct NeuronHooks final : at::PrivateUse1HooksInterface {
   c10::Allocator* getPinnedMemoryAllocator() const override {
     return at::getCPUAllocator();
   }
+  // `storage.resize_()` (FSDP2 frees and regrows its parameters' memory so),
+  // and out= results grown from empty. The old memory may still be read or
+  // written by queued launches or a pending adaptive graph, and freeing it
+  // returns it to the cache: wait for the device first. A storage shrunk to
+  // nothing keeps its device (resize_bytes_cpu's empty DataPtr says CPU).
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
-    at::native::resize_bytes_cpu(storage.unsafeGetStorageImpl(), newsize);
+    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+    TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
+    const c10::Device device = impl->device();
+    const size_t old_size = impl->nbytes();
+    if (old_size > 0) run_synchronize_callback(device.index());
+    c10::DataPtr fresh(nullptr, device);
+    if (newsize > 0) {
+      const c10::DeviceIndex previous = current_device();
+      set_current_device(device.index());
+      try {
+        fresh = impl->allocator()->allocate(newsize);
+      } catch (...) {
+        set_current_device(previous);
+        throw;
+      }
+      set_current_device(previous);
+      const size_t kept = std::min(newsize, old_size);
+      if (kept > 0) std::memcpy(fresh.get(), impl->data_ptr().get(), kept);
+    }
+    impl->set_data_ptr_noswap(std::move(fresh));
+    impl->set_nbytes(newsize);
   }
 };
 

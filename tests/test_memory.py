@@ -81,3 +81,29 @@ def test_output_allocation_refuses_a_dtype_the_target_cannot_hold():
     assert _C.empty((2, 3), torch.float32, 0).shape == (2, 3)
     with pytest.raises(TypeError, match="ComplexHalf cannot be held by the current target"):
         _C.empty((2,), torch.complex32, 0)
+
+
+@pytest.mark.parametrize("mode", ["op", "adaptive"])
+def test_storage_resize_keeps_the_device_and_waits_for_pending_work(mode):
+    """FSDP2 frees a parameter's memory with `untyped_storage().resize_(0)` and
+    regrows it before the next all-gather. A storage shrunk to nothing stays a
+    neuron storage; one regrown holds what queued or recorded ops wrote first;
+    memory comes from the storage's own device, not the current one."""
+    torchneuron.set_eager_mode(mode)
+    x = torch.arange(1 << 20, dtype=torch.float32)
+    on1 = x.to("neuron:1")
+    y = on1 * 2 + 1  # queued (op mode) or pending in a graph (adaptive)
+    storage = y.untyped_storage()
+    storage.resize_(storage.nbytes() + 64)  # grows: the old contents are copied
+    assert storage.device == torch.device("neuron:1")
+    assert torch.equal(y.cpu(), x * 2 + 1)
+    assert torch.equal(on1.cpu(), x)  # the input is untouched
+
+    z = on1 + 3
+    z.untyped_storage().resize_(0)
+    assert z.untyped_storage().device == torch.device("neuron:1")
+    assert z.untyped_storage().nbytes() == 0
+    z.untyped_storage().resize_(x.numel() * 4)
+    z.copy_(on1 - 1)
+    assert torch.equal((z * 2).cpu(), (x - 1) * 2)
+    assert torch.neuron.current_device() == 0
