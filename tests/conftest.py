@@ -41,6 +41,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "op_mode: tests of op-by-op eager's own mechanisms; they run in op mode in every suite run"
     )
+    config.addinivalue_line(
+        "markers", "compile_wait: tests of what one call does once compiled (or declined by the compiler); "
+        "they wait for compiles in either eager mode"
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -49,9 +53,13 @@ def _fresh_settings(request):
     in the suite's eager mode (TORCHNEURON_EAGER_MODE), or op mode for tests
     marked op_mode; in op mode, compiles are waited for."""
     saved = torchneuron.config.as_dict()
+    saved_env = {k: os.environ.get(k) for k in ("TORCHNEURON_EAGER_MODE", "TORCHNEURON_COMPILE_WAIT")}
     if request.node.get_closest_marker("op_mode") is not None:
         torchneuron.set_eager_mode("op")
-    if torchneuron.get_eager_mode() == "op":
+        # and so do the processes the test starts, as in the op-mode suite
+        os.environ["TORCHNEURON_EAGER_MODE"] = "op"
+        os.environ.setdefault("TORCHNEURON_COMPILE_WAIT", "1")
+    if torchneuron.get_eager_mode() == "op" or request.node.get_closest_marker("compile_wait") is not None:
         torchneuron.config.set(compile_wait=True)  # as above
     yield
     torch.neuron.synchronize()
@@ -67,6 +75,11 @@ def _fresh_settings(request):
         adaptive_peak_cuts=saved["adaptive_peak_cuts"],
     )
     torch.neuron.set_device(0)
+    for key, value in saved_env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 # -- the real servers (see servers.py) ---------------------------------------------

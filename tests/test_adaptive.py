@@ -249,6 +249,23 @@ def test_graph_that_fails_to_compile_gives_the_same_results(adaptive, monkeypatc
     assert bad and all(all(u.executable is None for u in g.units) for g in bad)
 
 
+def test_the_fallback_policy_applies_to_ops_of_a_graph_the_compiler_declines(adaptive):
+    """linalg.inv of a 40x40 matrix stays on the host: inside an adaptive
+    graph it is a host fallback as in op mode (counted, warned, or refused)."""
+    torchneuron.config.set(compile_wait=True)
+    a = torch.randn(40, 40) + 40 * torch.eye(40)
+    an = a.to("neuron")
+    torchneuron.config.set(fallback="error")
+    with pytest.raises(torchneuron.FallbackError, match=r"aten\.linalg_inv_ex\.default would run on the host"):
+        torch.linalg.inv(an * 2).cpu()
+    torchneuron.config.set(fallback="allow")
+    before = torchneuron.fallback_ops().get("aten.linalg_inv_ex.default", 0)
+    got = torch.linalg.inv(an * 3).cpu()
+    torch.testing.assert_close(got, torch.linalg.inv(a * 3))
+    assert torchneuron.fallback_ops().get("aten.linalg_inv_ex.default", 0) == before + 1
+    torch.testing.assert_close(an.cpu(), a, rtol=0, atol=0)
+
+
 def test_compile_wait_runs_fused_from_the_first_occurrence(adaptive):
     torchneuron.config.set(compile_wait=True)
     x = torch.randn(7, 3).to("neuron")
@@ -293,7 +310,7 @@ def test_a_restarted_process_compiles_nothing(tmp_path):
         "s = torchneuron.adaptive_stats()\n"
         "print(torchneuron.compile_stats()['compiles'], s['graphs_compiled'], s['ops_fused'] > 0)\n"
     )
-    env = dict(os.environ, TORCHNEURON_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ, TORCHNEURON_CACHE_DIR=str(tmp_path / "cache"), TORCHNEURON_COMPILE_WAIT="1")
     first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     compiles, graphs, fused = first.stdout.split()
@@ -431,7 +448,7 @@ def test_an_op_found_to_need_constant_scalars_is_remembered_across_processes(tmp
         "s = torchneuron.adaptive_stats()\n"
         "print(y, [str(o) for o in recorder._baked], s['graphs_compiled'], s['graphs_segmented'])\n"
     )
-    env = dict(os.environ, TORCHNEURON_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ, TORCHNEURON_CACHE_DIR=str(tmp_path / "cache"), TORCHNEURON_COMPILE_WAIT="1")
     runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
             for _ in range(2)]
     expected = ((torch.arange(20.0) * 2).masked_fill(torch.arange(20) % 3 == 0, 0) + torch.arange(20.0)).sum().item()

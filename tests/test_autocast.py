@@ -239,3 +239,38 @@ def test_a_step_with_an_inf_gradient_is_skipped_and_the_scale_halves():
     assert all(torch.equal(a, b) for a, b in zip(snapshots[3], after_3))
     final = [p.detach().cpu() for p in state["model"].parameters()]
     assert not all(torch.equal(a, b) for a, b in zip(after_3, final))
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "batch_norm"])
+def test_statistics_saved_in_float32_feed_a_backward_on_the_host(name):
+    """A compiled bfloat16 norm saves float32 statistics (its meta kernel's
+    types), PyTorch's CPU kernel saves bfloat16 ones; a backward that runs on
+    the host (its executable still compiling) accepts the former."""
+    torchneuron.config.set(compile_wait=False)  # a first call: on the host while it compiles
+    torch.manual_seed(0)
+    x = torch.randn(6, 40, 3, dtype=torch.bfloat16)
+    grad = torch.randn_like(x)
+    w = torch.randn(40, dtype=torch.bfloat16)
+    if name == "layer_norm":
+        op = torch.ops.aten.native_layer_norm_backward.default
+        x, grad = x.transpose(1, 2).contiguous(), grad.transpose(1, 2).contiguous()
+        mean, rstd = x.float().mean(2, keepdim=True), torch.rand(6, 3, 1) + 0.5
+        args = [grad, x, [40], mean, rstd, w, w, [True, True, True]]
+        stat_at = (3, 4)
+    else:
+        op = torch.ops.aten.native_batch_norm_backward.default
+        mean, rstd = torch.randn(40), torch.rand(40) + 0.5
+        args = [grad, x, w, None, None, mean, rstd, True, 1e-5, [True, True, True]]
+        stat_at = (5, 6)
+    on_cpu = list(args)
+    for i in stat_at:
+        on_cpu[i] = args[i].to(torch.bfloat16)  # what the CPU forward would have saved
+    expected = op(*on_cpu)
+    moved = [a.to("neuron") if isinstance(a, torch.Tensor) else a for a in args]
+    got = op(*moved)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.cpu(), e)
+    for m, a in zip(moved, args):
+        if isinstance(a, torch.Tensor):
+            assert m.dtype == a.dtype
+            torch.testing.assert_close(m.cpu(), a, rtol=0, atol=0)

@@ -99,6 +99,7 @@ def test_key_file_must_be_private_and_the_secret_is_never_shown(client_settings,
 
 # -- the remote store (Redis) ---------------------------------------------------------
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_remote_entries_without_a_valid_signature_are_refused_and_recompiled(redis_server, tmp_path):
     url, _, client = redis_server
     # A host without the secret fills the store, warned once that it is trusted by checksum only.
@@ -176,6 +177,7 @@ def test_client_with_a_secret_refuses_a_service_without_one(service, client_sett
         _health_with(SECRET, address)  # ...but it cannot sign what it sends
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_ops_compile_through_a_service_that_shares_the_secret(tcp_service, client_settings):
     address, _ = tcp_service
     torchneuron.config.set(compile_service=address, cache_secret=SECRET)
@@ -187,6 +189,7 @@ def test_ops_compile_through_a_service_that_shares_the_secret(tcp_service, clien
     assert after["compiles"] == before["compiles"] and after["service_untrusted"] == before["service_untrusted"]
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_ops_compile_locally_when_the_service_refuses_this_process(tcp_service, client_settings):
     address, _ = tcp_service
     torchneuron.config.set(compile_service=address, cache_secret=OTHER_SECRET)
@@ -243,6 +246,7 @@ class _TamperingProxy:
         self.listener.close()
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_signed_reply_tampered_in_transit_is_refused(tcp_service, client_settings):
     address, _ = tcp_service
     proxy = _TamperingProxy(address)
@@ -307,6 +311,7 @@ def test_leader_entry_without_a_valid_signature_is_refused(client_settings, monk
 
 # -- cache archives ---------------------------------------------------------------------
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_archive_import_with_a_secret_takes_only_members_signed_with_it(tmp_path, client_settings):
     from torchneuron import cli
 

@@ -79,6 +79,7 @@ def test_service_reports_compile_errors_and_refuses_mismatched_keys(service):
         client.compile("0" * 64, mlir, what, target_flags())
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_clients_compile_through_the_service(service, client_settings):
     address, _ = service
     torchneuron.config.set(compile_service=address)
@@ -91,6 +92,7 @@ def test_clients_compile_through_the_service(service, client_settings):
     assert ServiceClient(address).health()["compiles"] == 2
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_service_killed_mid_compile_clients_compile_locally(service, client_settings):
     address, proc = service
     torchneuron.config.set(compile_service=address)
@@ -118,6 +120,7 @@ def test_service_killed_mid_compile_clients_compile_locally(service, client_sett
     assert torchneuron.compile_stats()["compiles"] == before + 1  # compiled here instead
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_unreachable_service_costs_one_warning(client_settings, tmp_path):
     torchneuron.config.set(compile_service=str(tmp_path / "nobody-listens.sock"))
     x = torch.randn(9, 4)
@@ -147,6 +150,7 @@ def test_four_processes_share_one_service(service, tmp_path):
 
 # -- the remote store (Redis) ---------------------------------------------------
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_remote_store_shares_executables_across_hosts(redis_server, tmp_path):
     url, _, client = redis_server
     env = {"TORCHNEURON_REMOTE_CACHE": url}
@@ -164,6 +168,7 @@ def test_remote_store_shares_executables_across_hosts(redis_server, tmp_path):
     assert third["compiles"] == 1 and third["sources"]["remote"] == first["compiles"] - 1
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_redis_down_or_going_down_falls_back_without_hanging(redis_server, client_settings):
     url, proc, _ = redis_server
     torchneuron.config.set(remote_cache=f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there

@@ -196,6 +196,7 @@ def test_torch_compile_of_fourier_mixing_forward_and_backward():
     assert torchneuron.compile_stats()["dynamo"]["graphs_compiled"] >= 2
 
 
+@pytest.mark.compile_wait
 def test_a_complex_op_without_a_rule_runs_on_the_host_and_is_recorded():
     z = A.to("neuron")
     before = torchneuron.fallback_ops()
@@ -223,6 +224,7 @@ def test_long_ffts_split_into_shorter_ones(n):
     assert _on_host(before) == {}
 
 
+@pytest.mark.compile_wait
 def test_an_fft_with_a_long_prime_length_runs_on_the_host_and_is_recorded():
     z = torch.randn(2053, dtype=torch.complex64)  # prime: no split, and 2053^2 is too big a matrix
     before = torchneuron.fallback_ops()

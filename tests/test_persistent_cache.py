@@ -71,6 +71,7 @@ def exe_files(cache_dir):
 
 # -- the disk cache -----------------------------------------------------------
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_restart_compiles_nothing_and_matches_cpu(tmp_path):
     first, _ = run_python(WORKLOAD, tmp_path)
     assert first["compiles"] == first["signatures"] >= 4
@@ -89,6 +90,7 @@ def test_new_cache_directory_is_private(tmp_path):
     assert stat.S_IMODE(os.stat(root / "exe").st_mode) == 0o700
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_corrupt_and_truncated_entries_are_detected_rebuilt_and_warned(tmp_path):
     first, _ = run_python(WORKLOAD, tmp_path)
     files = exe_files(tmp_path)
@@ -108,6 +110,7 @@ def test_corrupt_and_truncated_entries_are_detected_rebuilt_and_warned(tmp_path)
     assert again["compiles"] == 0 and again["corrupt"] == 0
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_corrupt_plan_record_is_rebuilt(tmp_path):
     run_python(WORKLOAD, tmp_path)
     for plan in (tmp_path / "plan").glob("*/*.json"):
@@ -117,6 +120,7 @@ def test_corrupt_plan_record_is_rebuilt(tmp_path):
     assert "corrupt entry" in err
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_disk_full_runs_on_and_warns_once(tmp_path):
     # The cache lives on a real, nearly full filesystem: a 256 KiB tmpfs in a
     # private mount namespace, filled to 250 KiB.
@@ -160,6 +164,7 @@ def test_read_only_cache_directory_runs_and_warns_once(tmp_path):
         cache.chmod(0o755)
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_eight_processes_one_key_compile_once(tmp_path):
     code = """
     import json, os, sys, time
@@ -250,6 +255,7 @@ def test_lock_of_a_crashed_holder_is_released(tmp_path):
 
 # -- the CLI ------------------------------------------------------------------
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_cache_cli_stats_list_explain_verify_export_import(tmp_path, capsys):
     from torchneuron import cli
 
@@ -309,6 +315,7 @@ def test_cache_cli_stats_list_explain_verify_export_import(tmp_path, capsys):
         torchneuron.config.set(cache_dir=saved)
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_progress_line_only_on_request_or_terminal(tmp_path):
     _, quiet = run_python(WORKLOAD, tmp_path / "a")
     assert "neuron: compiling" not in quiet  # stderr is a pipe

@@ -53,6 +53,7 @@ def compiled():
     return x, w, xn, wn
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_launches_are_device_events_linked_to_their_ops(compiled, tmp_path):
     x, w, xn, wn = compiled
     with profile(activities=_ACTIVITIES) as prof:
@@ -89,6 +90,7 @@ def test_launches_are_device_events_linked_to_their_ops(compiled, tmp_path):
     assert starts[arrow]["ts"] == call["ts"] and starts[arrow]["tid"] == call["tid"]
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_queued_and_inline_launches_and_stream_rows(compiled, tmp_path):
     big = torch.randn(512, 512).to("neuron")  # above the inline size: queued on the timeline
     small = torch.randn(8).to("neuron")  # inline
@@ -163,6 +165,7 @@ def test_a_fused_graph_lists_its_ops_and_their_lines(tmp_path):
     assert any(e["args"]["source"] == _line_of(_fused_step, "x * 2") for e in fused)
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_schedules_and_record_function_keep_working(compiled):
     x, w, xn, wn = compiled
     seen = []
@@ -177,6 +180,7 @@ def test_schedules_and_record_function_keep_working(compiled):
     assert trace.sink is None
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_parquet_tables(compiled, tmp_path):
     import pyarrow.parquet as pq
 
@@ -216,6 +220,7 @@ for i in range(30):
 """
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_the_profile_command_reports_lines_ops_and_hints(tmp_path):
     import os
     import subprocess
@@ -264,6 +269,7 @@ def test_a_torch_compile_graph_lists_its_ops_and_lines(tmp_path):
     assert f"at {_line_of(_compiled_fn, 'x @ w')}" in ops and f"at {_line_of(_compiled_fn, 'torch.tanh')}" in ops
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_the_demo_writes_its_profile(tmp_path):
     """`make demo ARGS="--profile DIR"`: the trace, the Parquet tables (loaded with
     pandas, their per-line totals equal to the trace's device time), the report
@@ -307,6 +313,7 @@ def test_the_demo_writes_its_profile(tmp_path):
                                                              "running at stop"}
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_a_build_still_running_when_the_session_stops_is_shown(tmp_path):
     import time
 

@@ -44,6 +44,7 @@ def test_special_function_compiles_and_matches_cpu(name):
     torch.testing.assert_close(actual, fn(grid), rtol=1e-4, atol=1e-4, equal_nan=True)
 
 
+@pytest.mark.compile_wait
 def test_half_inputs_compute_in_float32_and_float64_stays_exact_on_host():
     x = torch.linspace(0.1, 5, 32)
     torchneuron.reset_stats()

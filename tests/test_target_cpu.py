@@ -142,6 +142,7 @@ def test_explicit_cpu_flags_generate_the_same_code_as_host(tmp_path):
     assert assembly[0] == assembly[1]
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_describing_a_cpu_this_host_cannot_run_is_refused():
     name = _unrunnable_cpu()
     missing = target_cpu.missing_on_host(target_cpu.resolve(name))
@@ -211,6 +212,7 @@ def two_cpus(tmp_path_factory):
     return {"base": base, "other": other, "first": first, "second": second, "n": first["signatures"]}
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_disk_cache_for_one_cpu_is_not_loaded_for_another(two_cpus):
     cache, other, n = two_cpus["base"] / "cache", two_cpus["other"], two_cpus["n"]
     first, second = two_cpus["first"], two_cpus["second"]
@@ -225,6 +227,7 @@ def test_disk_cache_for_one_cpu_is_not_loaded_for_another(two_cpus):
     assert cpus == sorted([target_cpu.host().name] * n + [target_cpu.resolve(other).name] * n)
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_explain_diff_names_the_cpu_difference(two_cpus, capsys):
     from torchneuron import cli
 
@@ -268,6 +271,7 @@ def test_exported_archive_for_one_cpu_is_not_loaded_for_another(two_cpus, tmp_pa
     assert moved["sources"]["compiled"] == n and moved["sources"]["disk"] == 0
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_import_rejects_entries_whose_components_do_not_match_their_key(two_cpus, tmp_path, capsys):
     from torchneuron import cli
 
@@ -343,6 +347,7 @@ def test_compile_service_honours_explicit_flags_and_refuses_host(service, client
     assert health["refused"] == 1 and health["compiles"] == 1
 
 
+@pytest.mark.op_mode  # per-op compiles, cache entries and launches
 def test_a_process_that_only_runs_the_compiler_does_not_load_its_python_bindings(tmp_path):
     """Resolving the CPU and compiling run iree-compile as a process; the MLIR
     Python bindings (0.33 s to load, mostly under the GIL) belong to the

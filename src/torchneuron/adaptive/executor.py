@@ -453,8 +453,12 @@ def _run_one(r, rec, args, kwargs, outs, device, allow_compile) -> None:
             found = eager.plan_for(r.op, r.info, args, kwargs)
         else:
             found = eager.ready_plan(r.op, r.info, args, kwargs)
-    except (NotCompilable, eager.Compiling):
+    except eager.Compiling:
         found = None
+    except NotCompilable as e:
+        found = None
+        if allow_compile:  # the compiler declined it: a host fallback, as in op mode
+            host_fallback.admit(r.info.name, str(e), stacklevel=2)
     if found is not None and type(found[0]) is eager.Plan and found[0].executable is not None:
         plan, sig = found
         eager.launch(plan, sig, device, outs)
@@ -472,7 +476,7 @@ def _run_one(r, rec, args, kwargs, outs, device, allow_compile) -> None:
     watching = trace.sink
     started = time.time_ns() if watching is not None else 0
     try:
-        result = r.op(*host_args, **host_kwargs)
+        result = r.op(*host_fallback.as_cpu_expects(r.info.name, host_args), **host_kwargs)
     except Exception as e:
         raise NeuronAsyncError(f"neuron: {r.what} (issued at {rec.source()}) failed: {e}") from e
     if watching is not None:

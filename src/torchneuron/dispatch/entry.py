@@ -13,7 +13,6 @@ import functools
 import gc
 import threading
 import time
-import warnings
 
 import torch
 
@@ -25,11 +24,7 @@ from . import cached_launch, eager, host_fallback, math_bits, stats, warm_start
 from .op_info import METADATA_OPS, op_info
 
 _NEURON = "neuron"
-_warned: set = set()
-
-
-class FallbackError(RuntimeError):
-    """Raised when an op would run on the host fallback and the policy is 'error'."""
+FallbackError = host_fallback.FallbackError
 
 
 def _first_op(device) -> None:
@@ -354,16 +349,7 @@ def _run_on_host(op, info, args, kwargs, device, reason):
         # Ops PyTorch sends accelerators only (the fused RNN cells): CPU has no
         # kernel, so they run as their decomposition into smaller neuron ops.
         return _by_decomposition(op, info, args, kwargs, f"the compiler declined it ({reason})")
-    policy = config.settings.fallback
-    if policy == "error":
-        raise FallbackError(
-            f"{info.name} would run on the host fallback ({reason}), and TORCHNEURON_FALLBACK=error "
-            "forbids it (set TORCHNEURON_FALLBACK=allow or warn to permit it)."
-        )
-    if policy == "warn" and info.name not in _warned:
-        _warned.add(info.name)
-        warnings.warn(f"torchneuron: {info.name} runs on the host fallback: {reason}", stacklevel=3)
-    stats.record(stats.host_fallback, info.name)
+    host_fallback.admit(info.name, reason)
     return _on_host(op, info, args, kwargs, device, f"host fallback: {reason}")
 
 

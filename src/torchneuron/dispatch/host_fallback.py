@@ -11,16 +11,41 @@ that input.
 from __future__ import annotations
 
 import threading
+import warnings
 
 import torch
 
-from .. import _C
+from .. import _C, config
 from ..device import random as neuron_random
 from ..lowering.call import numbers_as_tensors
-from . import host_threads
+from . import host_threads, stats
 
 _NEURON = "neuron"
 _rng_lock = threading.Lock()
+
+
+
+class FallbackError(RuntimeError):
+    """Raised when an op would run on the host fallback and the policy is 'error'."""
+
+
+_warned: set = set()
+
+
+def admit(name: str, reason: str, stacklevel: int = 4) -> None:
+    """The fallback policy, for an op the compiler declined (in op mode, or
+    one by one inside an adaptive graph): raise, warn once, or allow; the op
+    is counted in fallback_ops()."""
+    policy = config.settings.fallback
+    if policy == "error":
+        raise FallbackError(
+            f"{name} would run on the host fallback ({reason}), and TORCHNEURON_FALLBACK=error "
+            "forbids it (set TORCHNEURON_FALLBACK=allow or warn to permit it)."
+        )
+    if policy == "warn" and name not in _warned:
+        _warned.add(name)
+        warnings.warn(f"torchneuron: {name} runs on the host fallback: {reason}", stacklevel=stacklevel)
+    stats.record(stats.host_fallback, name)
 
 
 def _to_host(value, aliases: dict):
@@ -85,6 +110,34 @@ def _copy_from(src_host: torch.Tensor, dst: torch.Tensor, non_blocking: bool = F
     return dst
 
 
+# Backward ops whose saved statistics (mean, rstd) PyTorch's CPU kernel wants
+# in the input's type when input and weight are float16/bfloat16, while the
+# meta kernels (which give compiled results their types) make them float32:
+# (position of the input, positions of the statistics, position of the weight).
+_STATISTICS = {
+    "aten.native_layer_norm_backward.default": (1, (3, 4), 5),
+    "aten.native_batch_norm_backward.default": (1, (5, 6), 2),
+}
+
+
+def as_cpu_expects(name: str, host_args):
+    """Host arguments as the CPU kernel accepts them: float32 statistics that
+    a compiled forward saved for a low precision input are given the input's
+    type (what the CPU forward would have saved)."""
+    found = _STATISTICS.get(name)
+    if found is None:
+        return host_args
+    x_at, stats_at, weight_at = found
+    x, weight = host_args[x_at], host_args[weight_at]
+    if x.dtype not in (torch.float16, torch.bfloat16) or (weight is not None and weight.dtype != x.dtype):
+        return host_args
+    fixed = list(host_args)
+    for i in stats_at:
+        if fixed[i] is not None and fixed[i].dtype != x.dtype:
+            fixed[i] = fixed[i].to(x.dtype)
+    return tuple(fixed)
+
+
 def run(op, info, args, kwargs, device: torch.device):
     """Run `op` on the host. `device` is where new results are placed."""
     host_threads.confine()
@@ -107,7 +160,7 @@ def run(op, info, args, kwargs, device: torch.device):
     if info.seeded:
         result = _run_seeded(op, host_args, host_kwargs, device)
     else:
-        result = op(*host_args, **host_kwargs)
+        result = op(*as_cpu_expects(name, host_args), **host_kwargs)
 
     for mutated in info.mutated_args:
         _sync_mutated(mutated, info, args, kwargs, host_args, host_kwargs)
