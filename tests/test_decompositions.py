@@ -99,3 +99,32 @@ def test_activation_backward_with_a_composite_kernel_compiles(activation):
     activation(xc).sum().backward()
     torch.testing.assert_close(xn.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-6)
     assert torchneuron.fallback_ops() == before
+
+
+_A = torch.ops.aten
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, w, b, rm, rv: _A.native_batch_norm(x, w, b, rm, rv, False, 0.1, 1e-5),
+    lambda x, w, b, rm, rv: _A._native_batch_norm_legit(x, w, b, rm, rv, False, 0.1, 1e-5),
+    lambda x, w, b, rm, rv: _A._native_batch_norm_legit_no_training(x, w, b, rm, rv, 0.1, 1e-5),
+    lambda x, w, b, rm, rv: _A._batch_norm_no_update(x, w, b, rm, rv, 0.1, 1e-5),
+], ids=["native", "legit", "legit_no_training", "no_update"])
+def test_batch_norm_in_evaluation_returns_cpus_empty_statistics(call):
+    """CPU returns empty saved statistics in evaluation, the meta kernels
+    full-size ones: the device gives CPU's (compiled, in a fused graph or on
+    the host alike), twice, so adaptive eager records the second call."""
+    torch.manual_seed(0)
+    args = [torch.randn(2, 8, 3, 3)] + [torch.randn(8) for _ in range(3)] + [torch.rand(8) + 0.5]
+    want = call(*[a.clone() for a in args])
+    before = torchneuron.fallback_ops()
+    for _ in range(2):
+        moved = [a.to("neuron") for a in args]
+        got = call(*moved)
+        assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.cpu(), w)
+        for m, a in zip(moved, args):
+            torch.testing.assert_close(m.cpu(), a, rtol=0, atol=0)
+    if torchneuron.get_eager_mode() == "op":
+        assert torchneuron.fallback_ops() == before  # compiled

@@ -110,8 +110,7 @@ def test_batch_norm_rounds_its_statistics_as_cpu(dtype, training):
     torch.testing.assert_close(got.cpu(), want)
     for d, c in zip(stats_dev, stats_cpu):  # running statistics updated as CPU's
         torch.testing.assert_close(d.cpu(), c)
-    if training:  # (evaluation's export fails in float32 too: it runs on the host fallback)
-        _no_fallback("aten.native_batch_norm.default")
+    _no_fallback("aten.native_batch_norm.default")
 
 
 @pytest.mark.parametrize("dtype", LOW, ids=_name)

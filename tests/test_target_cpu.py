@@ -66,7 +66,10 @@ def _unrunnable_cpu() -> str:
 
 
 def _run(cache_dir, cpu: str, **env):
-    stats, _ = run_python(TINY, cache_dir, env=dict(env, TORCHNEURON_TARGET_CPU=cpu))
+    # op mode: counts of per-op compiles (the module fixture below starts
+    # before the op_mode marker sets the environment)
+    env = dict(env, TORCHNEURON_TARGET_CPU=cpu, TORCHNEURON_EAGER_MODE="op", TORCHNEURON_COMPILE_WAIT="1")
+    stats, _ = run_python(TINY, cache_dir, env=env)
     return stats
 
 

@@ -171,6 +171,7 @@ def _call_results(op, info, sig: CallSignature):
     resized = {i: tuple(m.shape) for i, (m, b) in enumerate(zip(metas, before)) if tuple(m.shape) != b}
     if resized:
         raise NeedsResize(resized)
+    result = _as_cpu_shapes(op, args, result)
     out_specs: list = []
     returns = _returns_template(result, metas, out_specs)
     if (sig.floats or sig.ints) and not _shapes_independent_of_scalars(op, sig, out_specs):
@@ -210,6 +211,26 @@ def _lower_call(op, info, sig: CallSignature, promote_scalars: bool) -> LoweredC
         write_back.append((len(out_specs) - 1, i))
     mlir = _export_to_mlir(op, sig, out_specs, outputs, flag, promote_scalars, tuple(write_back))
     return LoweredCall(mlir, tuple(out_specs), flag, returns, what, tuple(write_back))
+
+
+# Batch norms in evaluation: PyTorch's CPU kernel returns empty saved
+# statistics, the meta kernels full-size ones; results take CPU's shapes (the
+# host path gives them too). op -> position of `training` (None: never).
+_A = torch.ops.aten
+_EVAL_STATISTICS = {
+    _A.native_batch_norm.default: 5,
+    _A._native_batch_norm_legit.default: 5,
+    _A._native_batch_norm_legit_no_training.default: None,
+    _A._batch_norm_no_update.default: None,
+}
+
+
+def _as_cpu_shapes(op, args, result):
+    training_at = _EVAL_STATISTICS.get(op, False)
+    if training_at is False or (training_at is not None and args[training_at]):
+        return result
+    empty = [r.new_empty((0,)) for r in result[1:3]]
+    return (result[0], *empty, *result[3:])
 
 
 def _on_meta(op, args, kwargs):
