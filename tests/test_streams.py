@@ -168,7 +168,7 @@ def test_elapsed_time_is_positive_and_grows_with_the_work():
         start.elapsed_time(untimed)
 
 
-def test_failure_on_a_side_stream_is_raised_at_the_next_sync_with_its_line():
+def test_failure_on_a_side_stream_is_raised_at_the_next_sync_with_its_line(mode):
     _, _, xn, _ = _inputs()
     rows = torch.tensor([1, 2]).to("neuron")
     bad = torch.tensor([1, N + 5]).to("neuron")
@@ -177,7 +177,8 @@ def test_failure_on_a_side_stream_is_raised_at_the_next_sync_with_its_line():
     with torch.neuron.stream(s):
         xn[bad]  # the line the error names
     line = test_failure_on_a_side_stream_is_raised_at_the_next_sync_with_its_line.__code__.co_firstlineno + 7
-    with pytest.raises(NeuronAsyncError, match=rf"test_streams.py:{line}.*out of range"):
+    # (compiled: "out of range"; on the host, while it compiles: PyTorch's "out of bounds")
+    with pytest.raises(NeuronAsyncError, match=rf"test_streams.py:{line}.*out of (range|bounds)"):
         torch.neuron.synchronize()
     torch.testing.assert_close((xn * xn).cpu(), xn.cpu() * xn.cpu())  # still usable
 
@@ -200,7 +201,7 @@ def test_earliest_failure_across_streams_is_raised_first(mode):
             torch.testing.assert_close(_producer(xn, wn).cpu(), _producer(xn.cpu(), wn.cpu()), rtol=1e-4, atol=1e-3)
 
 
-def test_event_synchronize_raises_the_failure_of_the_work_it_waits_for():
+def test_event_synchronize_raises_the_failure_of_the_work_it_waits_for(mode):
     s = torch.neuron.Stream()
     _warm(lambda x, w: _producer(x, w))
     _, _, xn, wn = _inputs()

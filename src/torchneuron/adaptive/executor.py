@@ -208,7 +208,7 @@ def _launch_unit(graph, unit) -> None:
         what = _FusedWhat(unit.what, [(op.recipe.what, op.source()) for op in checked])
     if trace.sink is not None:  # the profiler shows each op of the graph with its line
         what = trace.Traced(what, tuple((op.recipe.info.name, op.source()) for op in ops))
-    queue.launch(unit.executable, bound, keepalive, what, flag, lane)
+    queue.launch(unit.executable, bound, keepalive, what, flag, lane, ops[0].source())
     stats.add("ops_fused", len(ops))
     compiled = op_stats.compiled
     for op in ops:
@@ -461,7 +461,7 @@ def _run_one(r, rec, args, kwargs, outs, device, allow_compile) -> None:
             host_fallback.admit(r.info.name, str(e), stacklevel=2)
     if found is not None and type(found[0]) is eager.Plan and found[0].executable is not None:
         plan, sig = found
-        eager.launch(plan, sig, device, outs)
+        eager.launch(plan, sig, device, outs, rec.source())
         stats.op_tier_ops["compiled"] += 1
         op_stats.compiled[r.info.name] += 1
         return

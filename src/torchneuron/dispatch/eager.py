@@ -468,10 +468,11 @@ def ready_plan(op, info, args, kwargs):
     return plan, sig
 
 
-def launch(plan, sig, device, outs=None) -> list:
+def launch(plan, sig, device, outs=None, source=None) -> list:
     """Queue `plan` on the call's tensors; its new results are `outs` when
     given (tensors of plan.out_specs, the index flag excepted), else
-    allocated here. Returns the outputs, flag included."""
+    allocated here. Returns the outputs, flag included. `source`: the line
+    that issued the call, when it is not on the stack (adaptive replays)."""
     queue = device_queue(device.index)
     if plan.largest is None:
         plan.largest = largest_tensor(sig.specs, plan.out_specs)
@@ -509,7 +510,7 @@ def launch(plan, sig, device, outs=None) -> list:
         views.append(imp(out, out.storage_offset() * dtype.itemsize, shape, dtype))
     keepalive.append(outs)
     flag = outs[plan.flag] if plan.flag is not None else None
-    queue.launch(plan.executable, views, keepalive, plan.what, flag, lane)
+    queue.launch(plan.executable, views, keepalive, plan.what, flag, lane, source)
     if plan.write_back:
         write_back(plan, sig.tensors, outs)
     return outs

@@ -154,7 +154,7 @@ class Lane:
         (which may be held back): no event waits queued or in flight."""
         return not self.waits and self.waits_until <= self.completed
 
-    def run_inline(self, context, fn, views, what) -> None:
+    def run_inline(self, context, fn, views, what, source=None) -> None:
         """Run the executable's synchronous entry on the calling thread: it is
         finished when this returns, so nothing is kept alive or retired."""
         args = self._rt.VmVariantList(len(views))
@@ -163,7 +163,7 @@ class Lane:
         try:
             context.invoke(fn, args, self._no_results)
         except Exception as e:
-            raise NeuronAsyncError(f"neuron: {what} (issued at {user_source_line()}) failed: {e}") from e
+            raise NeuronAsyncError(f"neuron: {what} (issued at {source or user_source_line()}) failed: {e}") from e
         self.launches += 1
 
     def invoke(self, context, fn, views, keepalive, what, source, flag) -> None:
@@ -307,16 +307,17 @@ class DeviceQueue:
             return inline
         return task
 
-    def launch(self, executable, views: list, keepalive, what: str, flag=None, lane=None) -> None:
+    def launch(self, executable, views: list, keepalive, what: str, flag=None, lane=None, source=None) -> None:
         """Queue one executable on `lane` (default: the default stream's
         timeline), whose imports `views` are. `flag`, if given, is a device
         bool the executable sets when its indices were out of range. Errors
-        name the user's source line, found only when it is needed: an inline
-        launch is still on the user's stack when it fails."""
+        name the user's source line (`source`, or found only when it is
+        needed: an inline launch is still on the user's stack when it fails);
+        adaptive eager launches ops recorded earlier, and passes their line."""
         lane = lane or self.task
         context, fn = executable.entry(lane.base)
         if config.settings.check_memory:
-            self._launch_checked(lane, context, fn, views, keepalive, what, flag)
+            self._launch_checked(lane, context, fn, views, keepalive, what, flag, source)
             return
         watching = trace.sink
         with self._lock:
@@ -326,19 +327,19 @@ class DeviceQueue:
                     self._note(timeline.wait(timeline.value, self.index))
                 if watching is not None:
                     started = time.time_ns()
-                    lane.run_inline(context, fn, views, what)
+                    lane.run_inline(context, fn, views, what, source)
                     watching.ran(self.index, lane.stream, what, started, time.time_ns())
                 else:
-                    lane.run_inline(context, fn, views, what)
+                    lane.run_inline(context, fn, views, what, source)
                 self.launches += 1
                 if flag is not None and _C.host_alias(flag).any():
-                    self._note((lane.value, keepalive, what, user_source_line(), flag, next(_issued)))
+                    self._note((lane.value, keepalive, what, source or user_source_line(), flag, next(_issued)))
                 if config.settings.launch_blocking:
                     self.synchronize()
                 return
             issued = time.time_ns() if watching is not None else 0
             try:
-                lane.invoke(context, fn, views, keepalive, what, user_source_line(), flag)
+                lane.invoke(context, fn, views, keepalive, what, source or user_source_line(), flag)
             except NeuronAsyncError as refused:
                 self._refused(refused)
             if watching is not None:
@@ -368,16 +369,16 @@ class DeviceQueue:
                 if reached > lane.completed:
                     self._note(lane.retire(reached))
 
-    def _launch_checked(self, lane, context, fn, views, keepalive, what, flag) -> None:
+    def _launch_checked(self, lane, context, fn, views, keepalive, what, flag, source=None) -> None:
         """A launch under TORCHNEURON_CHECK_MEMORY: run to completion, then check the guards."""
-        source = user_source_line()
+        source = source or user_source_line()
         watching = trace.sink
         with self._lock:
             # Streams that wait for another one are not waited for: it may be held back.
             self._drain([t for t in (self.task, *self.side) if t.independent()])
             started = time.time_ns() if watching is not None else 0
             if lane.inline:
-                lane.run_inline(context, fn, views, what)
+                lane.run_inline(context, fn, views, what, source)
                 if watching is not None:
                     watching.ran(self.index, lane.stream, what, started, time.time_ns())
                 if flag is not None and _C.host_alias(flag).any():
