@@ -476,3 +476,22 @@ def test_a_call_met_for_the_first_time_runs_at_once_and_is_recorded_from_the_sec
     w = xn.cos() + 1
     assert len(recorder.pending_graph(0).ops) == 2
     torch.testing.assert_close(w.cpu(), x.cos() + 1)
+
+
+def test_bfloat16_ops_in_a_fused_graph_round_as_each_op_alone(adaptive):
+    """IREE computes a fused chain of bfloat16 ops in float32 without
+    rounding between them; each op's result is rounded as stored, so the
+    graph gives CPU's bits, wherever it was cut."""
+    torchneuron.config.set(compile_wait=True)
+    torch.manual_seed(0)
+    x, w = torch.randn(64, 33).bfloat16(), torch.randn(64, 33).bfloat16()
+
+    def chain(a, b):
+        y = a * b + a
+        y = y * 1.7 - b
+        return (y * y).tanh() + y / 3
+
+    fused = _fused_ops()
+    got = chain(x.to("neuron"), w.to("neuron")).cpu()
+    assert _fused_ops() >= fused + 6
+    assert torch.equal(got, chain(x, w))

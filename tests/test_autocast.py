@@ -196,9 +196,13 @@ def cpu_float32_losses():
     return train_gpt("cpu", STEPS, cfg=CFG)
 
 
+@pytest.mark.compile_wait  # compiled numerics; the host tier of a first meeting rounds as CPU
 def test_gpt_trains_in_bfloat16_with_grad_scaler_as_cpu_does(cpu_float32_losses):
     runs = [train_gpt("neuron", STEPS, cfg=CFG, autocast=torch.bfloat16, grad_scaler=True) for _ in range(2)]
-    assert runs[0] == runs[1]  # deterministic
+    if torchneuron.get_eager_mode() == "op":
+        assert runs[0] == runs[1]  # deterministic: the same executables
+    else:  # graphs cut where the queue ran dry: a reduction fused with other neighbours may sum in another order
+        assert runs[0] == pytest.approx(runs[1], rel=1e-3)
     # bfloat16 training of this model leaves float32's path at step 13 (a loss
     # spike of 13%) on CPU too: each step is compared with CPU's own bfloat16
     # autocast, and the steps before the spike with CPU float32.
@@ -209,6 +213,7 @@ def test_gpt_trains_in_bfloat16_with_grad_scaler_as_cpu_does(cpu_float32_losses)
             assert abs(got - fp32) <= 0.02 * abs(fp32), f"step {step}: {got} vs CPU float32 {fp32}"
 
 
+@pytest.mark.compile_wait  # compiled numerics; the host tier of a first meeting rounds as CPU
 def test_gpt_trains_in_float16_with_grad_scaler(cpu_float32_losses):
     losses = train_gpt("neuron", STEPS, cfg=CFG, autocast=torch.float16, grad_scaler=True)
     for step, (got, want) in enumerate(zip(losses, cpu_float32_losses)):

@@ -18,7 +18,7 @@ import torch
 
 from . import index_checks
 from .call import numbers_as_tensors, rebuild
-from .decompositions import direct_decompositions
+from .decompositions import _rounded_to, direct_decompositions
 from .graph import _get, export_to_mlir
 from .isolation import outside_program_modes
 from .strided import strided_index, strided_view
@@ -110,6 +110,17 @@ def _scatter(buf, ref: ViewRef, value):
     return buf.index_put((index.reshape(-1),), flat)
 
 
+def _as_stored(value):
+    """A bfloat16 result as the op path stores it: IREE's CPU codegen drops
+    the truncf/extf pair between two bfloat16 ops of one dispatch, so fused
+    ops would carry float32 intermediates, and a graph's results would depend
+    on where it was cut. Rounding on the bits (idempotent) keeps each op's
+    result what it is alone."""
+    if value.dtype != torch.bfloat16:
+        return value
+    return _rounded_to(value.to(torch.float32), torch.bfloat16).to(torch.bfloat16)
+
+
 class _GraphModule(torch.nn.Module):
     """forward(external slots..., floats?, ints?, live destinations..., flags?)."""
 
@@ -154,10 +165,10 @@ class _GraphModule(torch.nn.Module):
                 flags.append(out_of_range.reshape(()))
             result = direct_decompositions().get(gop.op, gop.op)(*args, **kwargs)
             for path, slot in gop.outputs:
-                bufs[slot] = _get(result, path).reshape(-1)
+                bufs[slot] = _as_stored(_get(result, path)).reshape(-1)
             for i in sorted(gop.mutated):
                 ref = gop.views[i]
-                bufs[ref.slot] = _scatter(bufs[ref.slot], ref, tensors[i])
+                bufs[ref.slot] = _scatter(bufs[ref.slot], ref, _as_stored(tensors[i]))
         written = set(spec.written_externals())
         for k, slot in enumerate(externals):
             if slot in written:
