@@ -67,6 +67,7 @@ def test_adamw_with_changing_lr_stops_compiling_after_step_2():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
     x, y = torch.randn(4, 8, device="neuron"), torch.randn(4, 1, device="neuron")
+    before = torchneuron.fallback_ops()
     compiles = []
     for _ in range(50):
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -77,7 +78,8 @@ def test_adamw_with_changing_lr_stops_compiling_after_step_2():
         loss.item()
         compiles.append(_compiles())
     assert compiles[-1] == compiles[1], f"compiled after step 2: {compiles}"
-    assert torchneuron.fallback_ops().keys() <= {"aten.normal_.default", "aten.uniform_.default"}
+    on_host = {k for k, n in torchneuron.fallback_ops().items() if n != before.get(k, 0)}
+    assert on_host <= {"aten.normal_.default", "aten.uniform_.default"}
 
 
 def test_strided_and_unaligned_inputs_are_read_in_place():
