@@ -495,3 +495,14 @@ def test_bfloat16_ops_in_a_fused_graph_round_as_each_op_alone(adaptive):
     got = chain(x.to("neuron"), w.to("neuron")).cpu()
     assert _fused_ops() >= fused + 6
     assert torch.equal(got, chain(x, w))
+
+
+def test_pow_of_negative_bases_in_a_fused_graph(adaptive):
+    """pow's exponent is a constant of the graph (as in op mode): a runtime
+    exponent lowers to exp(y * log(x)), NaN where x < 0."""
+    torchneuron.config.set(compile_wait=True)
+    x = torch.linspace(-3, 3, 128).reshape(1, 128, 1)
+    fused = _fused_ops()
+    got = (torch.pow(x.to("neuron"), 3) + torch.pow(x.to("neuron") * 2, 2)).cpu()
+    assert _fused_ops() > fused
+    torch.testing.assert_close(got, torch.pow(x, 3) + torch.pow(x * 2, 2))

@@ -96,7 +96,15 @@ def test_autocast_lists_give_cudas_dtypes_and_cpus_values(list_name, op, args, k
     cast_to = expected if list_name.endswith(("fp16", "fp32", "promote")) and "builtin" not in list_name else None
     want = _first_tensor(_call(list_name, op, _to(args, "cpu", cast_to), kwargs))
     tol = 3e-2 if got.dtype == LOW else 1e-2  # CPU computes bfloat16 ops differently (accumulation)
-    torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol, equal_nan=True)
+    if got.dtype == LOW and want.dtype == LOW:
+        # The lists' inputs are unseeded, and a composite op (gru_cell) rounds at
+        # every step on CPU: CPU's own bfloat16 result can be 0.07 from float32's.
+        # Neuron's result must be as close to the float32 truth as CPU's is.
+        truth = _first_tensor(_call(list_name, op, _to(args, "cpu", torch.float32), kwargs))
+        cpu_error = (want.float() - truth).abs().nan_to_num(0.0).max().item()
+        torch.testing.assert_close(got.cpu().float(), truth, rtol=tol, atol=tol + cpu_error, equal_nan=True)
+    else:
+        torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol, equal_nan=True)
     for a, b in zip(args, before):  # arguments untouched
         if isinstance(a, torch.Tensor):
             assert torch.equal(a.cpu(), b)

@@ -31,7 +31,7 @@ from ..dispatch import entry as _entry
 from ..dispatch.stats import dispatched
 from ..eval import registry as _shape_registry
 from ..lowering import NotCompilable, signature_of
-from ..lowering.call import FRef, IRef, Seq, TRef, graph_param_arg_names
+from ..lowering.call import FRef, IRef, Seq, TRef, baked_ops, graph_param_arg_names
 from ..lowering.graph import _paths_to_outputs, call_results, describe
 from ..lowering import index_checks
 from ..runtime.errors import is_library_file, user_location
@@ -289,7 +289,7 @@ def _params_of(op, info):
     cached_launch's key wants them), for ops inside fused graphs."""
     params = _params_of_known.get(op)
     if params is None:
-        if op not in _baked and (info.name in _BAKED_NAMES or _learned_bake(op)):
+        if op not in _baked and (info.name in _BAKED_NAMES or info.name in baked_ops or _learned_bake(op)):
             _baked.add(op)
         names = frozenset() if op in _baked else graph_param_arg_names(op)
         params = (tuple(n in names for n in info.arg_names), names)
@@ -300,7 +300,9 @@ _baked: set = set()  # ops whose scalars are constants in fused graphs (found by
 _refused: dict = {}  # op -> why it is not recorded (found by probing)
 # Ops whose decompositions branch on a scalar's value (a norm's order) or
 # convert it in a way the importer cannot lower (masked_fill's value): their
-# scalars are constants from the first recording, not after a failed build.
+# scalars are constants from the first recording, not after a failed build;
+# so are op mode's baked ops (pow: a runtime exponent lowers to exp(y log x),
+# NaN for a negative base).
 _BAKED_NAMES = frozenset({"aten._foreach_norm.Scalar", "aten.linalg_vector_norm.default", "aten.masked_fill.Scalar"})
 
 
