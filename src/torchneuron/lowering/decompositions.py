@@ -10,7 +10,7 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
-from . import amp, linalg, rnn_cells, special, tensor_ops
+from . import amp, linalg, rnn_cells, softmax_rows, special, tensor_ops
 
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -295,6 +295,8 @@ def decomposition_table() -> dict:
                torch.ops.aten.native_group_norm.default):
         table[op] = _in_float32(op, None)  # CPU's moments accumulate in float32 too
     table[torch.ops.aten._log_softmax.default] = _log_softmax_as_cpu(table[torch.ops.aten._log_softmax.default])
+    for op in (torch.ops.aten._softmax.default, torch.ops.aten._log_softmax.default):
+        table[op] = softmax_rows.rows_in_eights(table[op])
     table[torch.ops.aten.gelu.default] = _gelu_tanh
     table[torch.ops.aten.index_put.default] = tensor_ops.index_put_by_mask  # graphs' boolean masks
     table.update(own_decompositions())
