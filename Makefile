@@ -49,6 +49,7 @@ bench: setup
 	$(PY) bench/train_step.py --write docs/benchmarks.md
 	$(PY) bench/adaptive.py --write docs/benchmarks.md
 	$(PY) bench/compile.py --write docs/benchmarks.md
+	$(PY) bench/softmax.py --write docs/benchmarks.md
 	$(PY) bench/profiler.py --write docs/benchmarks.md
 	$(PY) bench/distributed.py --write docs/benchmarks.md
 
