@@ -172,3 +172,18 @@ def test_a_float_mismatch_passes_only_as_close_to_the_float64_answer_as_cpu():
     reordered = cpu_args[0].reshape(4, 100, 200).sum(2).sum(1)  # another accumulation order
     assert unit._as_close_to_exact_as_cpu(op, sig, 0, reordered, expected)
     assert not unit._as_close_to_exact_as_cpu(op, sig, 0, expected + 1e-2, expected)
+
+
+def test_index_copy_cases_draw_distinct_indices():
+    """A repeated index leaves whichever copy lands last (nondeterministic in
+    PyTorch's documentation, and a race between IREE's workers): the unit
+    stage gives index_copy distinct indices within the recorded range."""
+    found = [r for r in registry.rows(stages.CENSUS_REGISTRY) if r[0].startswith("aten.index_copy")]
+    assert found
+    for op, sig, _, _ in found:
+        for seed in range(3):
+            (cpu_args, _), (dev_args, _) = unit.build_arguments(json.loads(sig), seed, op)
+            index = cpu_args[2]
+            lo, hi = json.loads(sig)["args"][2]["range"]
+            assert len(set(index.tolist())) == index.numel() and lo <= index.min() and index.max() <= hi
+            assert torch.equal(dev_args[2].cpu(), index)

@@ -77,15 +77,30 @@ _SORTED_ARGUMENT = {
 }
 
 
+# Index arguments an op needs without repeats: index_copy with a repeated
+# index leaves whichever copy lands last, "nondeterministic" in PyTorch's
+# documentation (CPU and a compiled scatter may pick different ones).
+_DISTINCT_INDEX = {"aten.index_copy_.default": 2, "aten.index_copy.default": 2}
+
+
 def build_arguments(sig: dict, seed: int = 0, op_name: str | None = None) -> tuple:
     """((cpu args, cpu kwargs), (neuron args, neuron kwargs)) for a signature
-    (of op_name: arguments it needs sorted are)."""
+    (of op_name: arguments it needs sorted, or without repeats, are)."""
     cpu, dev = _build_arguments(sig, seed)
     position = _SORTED_ARGUMENT.get(op_name)
     if position is not None and position < len(cpu[0]) and isinstance(cpu[0][position], torch.Tensor):
         ordered = cpu[0][position].sort(-1).values
         cpu[0][position].copy_(ordered)
         dev[0][position].copy_(ordered)
+    position = _DISTINCT_INDEX.get(op_name)
+    if position is not None and position < len(cpu[0]) and isinstance(cpu[0][position], torch.Tensor):
+        index = cpu[0][position]
+        lo, hi = sig["args"][position].get("range", [0, 9])
+        if index.dim() == 1 and index.numel() <= hi - lo + 1:
+            gen = torch.Generator().manual_seed(seed)
+            distinct = (lo + torch.randperm(hi - lo + 1, generator=gen)[: index.numel()]).to(index.dtype)
+            index.copy_(distinct)
+            dev[0][position].copy_(distinct)
     return cpu, dev
 
 
