@@ -1,6 +1,6 @@
 """Softmax and log_softmax over the last dimension compute their rows in
-groups of eight (lowering/softmax_rows.py: IREE ran the rows its tiling left
-over as scalar code, 20-40x slower than CPU). Results, gradients and inputs
+groups (lowering/softmax_rows.py: IREE ran the rows its tiling left
+over as scalar code, 20-70x slower than CPU). Results, gradients and inputs
 against CPU, and the grouping itself in the traced graph."""
 
 import math

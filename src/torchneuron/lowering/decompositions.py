@@ -296,7 +296,7 @@ def decomposition_table() -> dict:
         table[op] = _in_float32(op, None)  # CPU's moments accumulate in float32 too
     table[torch.ops.aten._log_softmax.default] = _log_softmax_as_cpu(table[torch.ops.aten._log_softmax.default])
     for op in (torch.ops.aten._softmax.default, torch.ops.aten._log_softmax.default):
-        table[op] = softmax_rows.rows_in_eights(table[op])
+        table[op] = softmax_rows.rows_in_groups(table[op])
     table[torch.ops.aten.gelu.default] = _gelu_tanh
     table[torch.ops.aten.index_put.default] = tensor_ops.index_put_by_mask  # graphs' boolean masks
     table.update(own_decompositions())
