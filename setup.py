@@ -17,6 +17,7 @@ setup(
                 "csrc/allocator.cpp",
                 "csrc/autocast.cpp",
                 "csrc/distributed.cpp",
+                "csrc/draws.cpp",
                 "csrc/guard.cpp",
                 "csrc/hooks.cpp",
                 "csrc/kernels.cpp",

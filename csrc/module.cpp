@@ -17,6 +17,7 @@ void set_profiler_api(pybind11::object api);  // profiler.cpp
 pybind11::tuple premul_sum(const pybind11::object& reduce_op);  // distributed.cpp
 uint64_t current_correlation_id();  // profiler.cpp
 void register_collective_kernels();  // distributed.cpp
+void bind_draws(pybind11::module& m);  // draws.cpp
 // recording.cpp
 void route_ops(const std::vector<std::string>& names);
 void set_fast_mode(int mode, pybind11::object miss_marker);
@@ -184,6 +185,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("premul_sum", &premul_sum);
   m.def("register_collective_kernels", &register_collective_kernels);
   m.def("device_copy_of", &device_copy_of);
+  bind_draws(m);
   m.def("host_bytes", &host_bytes);
   m.def("route_ops", &route_ops);
   m.def("set_fast_mode", &set_fast_mode, pybind11::arg("mode"), pybind11::arg("miss") = pybind11::none());

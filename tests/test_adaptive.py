@@ -299,6 +299,81 @@ def test_native_dropout_returns_cpus_output_and_bool_mask(adaptive):
     assert torch.equal(xn.cpu(), x)
 
 
+def _dropout_loop(xs, device, steps, between=None):
+    """A loop's sequence of dropout masks (two sizes, seven masks a step, as
+    the demo's); `between(step)` may draw or reseed in the middle of a step."""
+    xs = [x.to(device) for x in xs]
+    outs = []
+    for step in range(steps):
+        for k, i in enumerate((0, 1, 0, 0, 1, 0, 0)):
+            outs.append(torch.nn.functional.dropout(xs[i], p=0.1, training=True))
+            if between is not None and k == 3:
+                outs.extend(between(step, device))
+    return [o.cpu() for o in outs]
+
+
+def _interrupt(step, device):
+    """Other draws and a reseed the draws ahead did not foresee."""
+    if step == 3:
+        return [torch.rand(5, device=device)]
+    if step == 5:
+        torch.manual_seed(11)
+    if step == 6:
+        return [torch.nn.functional.dropout(torch.ones(3, 3, device=device), p=0.5, training=True)]
+    return []
+
+
+@pytest.mark.parametrize("between", [None, _interrupt], ids=["loop", "interrupted"])
+def test_dropout_masks_drawn_ahead_are_cpus_masks(adaptive, between):
+    """Masks drawn ahead on the drawing thread (dispatch/draws_ahead.py) are
+    used only when the generator is where they were drawn from: every mask,
+    and every draw after one, equals CPU's, also when the loop is
+    interrupted by draws and a reseed it did not foresee."""
+    from torchneuron.dispatch import draws_ahead
+
+    draws_ahead.forget()
+    xs = [torch.randn(8, 32, 16), torch.randn(8, 4, 8, 8)]
+    torch.manual_seed(7)
+    cpu = _dropout_loop(xs, "cpu", 9, between)
+    cpu_after = torch.rand(4)
+    torch.manual_seed(7)
+    before = dict(draws_ahead.counts)
+    got = _dropout_loop(xs, "neuron", 9, between)
+    got_after = torch.rand(4, device="neuron").cpu()
+    assert len(got) == len(cpu)
+    for g, c in zip(got, cpu):
+        assert torch.equal(g, c)
+    assert torch.equal(got_after, cpu_after)
+    # The loop's masks were drawn ahead after its first steps.
+    assert draws_ahead.counts["ahead"] - before["ahead"] >= 30
+
+
+def test_a_fused_graph_runs_beside_the_program_unless_tiny(adaptive):
+    """A graph touching many elements launches on the device's worker threads
+    (the program records the next one meanwhile); a tiny one runs inline."""
+    from torchneuron.runtime import device_queue
+
+    torchneuron.config.set(compile_wait=True)
+
+    def block(x):
+        for _ in range(6):
+            x = torch.tanh(x * 1.5 + 0.25)
+        return x
+
+    queue = device_queue(0)
+    for shape, inline in (((4, 4), True), ((256, 256), False)):
+        x = torch.randn(*shape).to("neuron")
+        for _ in range(2):
+            block(x)
+            torch.neuron.synchronize()
+        task, fused = queue.task.launches, _fused_ops()
+        y = block(x)
+        torch.neuron.synchronize()
+        assert _fused_ops() > fused
+        assert (queue.task.launches == task) == inline
+        torch.testing.assert_close(y.cpu(), block(x.cpu()))
+
+
 def test_a_restarted_process_compiles_nothing(tmp_path):
     script = (
         "import torch, torchneuron\n"
