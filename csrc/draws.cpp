@@ -1,5 +1,7 @@
-// Dropout masks drawn ahead on a thread of their own (dispatch/draws_ahead.py
-// decides what to draw and when a draw may be used).
+// Random values drawn ahead on a thread of their own, as CPU draws them
+// (dispatch/draws_ahead.py decides what to draw and when a draw may be used):
+// dropout masks, and the uniform and normal values of random ops in
+// torch.compile graphs.
 //
 // The thread is C++ and never takes the GIL: a Python thread drawing beside
 // a busy program waited for the GIL at every step of its draw (the switch
@@ -19,23 +21,36 @@
 namespace torchneuron {
 namespace {
 
-using Drawn = std::pair<at::Tensor, at::Tensor>;  // (mask as bool, generator state after it)
+using Drawn = std::pair<at::Tensor, at::Tensor>;  // (values, generator state after them)
 
-// CPU's dropout mask: bernoulli(keep) drawn in `options`' dtype, as CPU's
-// native_dropout draws it, then as bool.
-Drawn draw_mask(const at::Tensor& state, int64_t numel, const at::TensorOptions& options, double keep) {
+enum Kind : int { kMask = 0, kUniform = 1, kNormal = 2 };
+
+// kMask: CPU's dropout mask, bernoulli(param) drawn in `options`' dtype as
+// CPU's native_dropout draws it, then as bool; kUniform: torch.rand's values;
+// kNormal: torch.randn's.
+Drawn draw_values(const at::Tensor& state, int kind, int64_t numel, const at::TensorOptions& options, double param) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>();
   generator.set_state(state);
-  auto draw = at::empty({numel}, options).bernoulli_(keep, generator);
-  return {draw.to(at::kBool), generator.get_state()};
+  auto values = at::empty({numel}, options);
+  if (kind == kMask) {
+    values = values.bernoulli_(param, generator).to(at::kBool);
+  } else if (kind == kUniform) {
+    values.uniform_(0, 1, generator);
+  } else if (kind == kNormal) {
+    values.normal_(0, 1, generator);
+  } else {
+    TORCH_CHECK(false, "neuron: no such kind of draw: ", kind);
+  }
+  return {values, generator.get_state()};
 }
 
 struct Job {
   at::Tensor state;  // drawn from this state, or else from the state `after` leaves
   std::shared_future<Drawn> after;
+  int kind;
   int64_t numel;
   at::TensorOptions options;
-  double keep;
+  double param;
   std::promise<Drawn> done;
 };
 
@@ -47,9 +62,9 @@ class Drawer {
  public:
   Drawer() : pid_(getpid()), thread_([this] { run(); }) { thread_.detach(); }
 
-  std::shared_future<Drawn> submit(at::Tensor state, std::shared_future<Drawn> after, int64_t numel,
-                                   at::TensorOptions options, double keep) {
-    Job job{std::move(state), std::move(after), numel, options, keep, {}};
+  std::shared_future<Drawn> submit(at::Tensor state, std::shared_future<Drawn> after, int kind, int64_t numel,
+                                   at::TensorOptions options, double param) {
+    Job job{std::move(state), std::move(after), kind, numel, options, param, {}};
     auto future = job.done.get_future().share();
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -73,7 +88,7 @@ class Drawer {
       try {
         // A chained job comes after the one it follows in the queue: that one is done.
         const at::Tensor& state = job.state.defined() ? job.state : job.after.get().second;
-        job.done.set_value(draw_mask(state, job.numel, job.options, job.keep));
+        job.done.set_value(draw_values(state, job.kind, job.numel, job.options, job.param));
       } catch (...) {
         job.done.set_exception(std::current_exception());
       }
@@ -117,21 +132,23 @@ void bind_draws(pybind11::module& m) {
       .def("done", &PendingDraw::done)
       .def("result", &PendingDraw::result);
   // Drawn now, on the calling thread (the GIL released while it draws).
-  m.def("draw_dropout_mask", [](const at::Tensor& state, int64_t numel, const at::Tensor& like, double keep) {
+  m.def("draw_values", [](const at::Tensor& state, int kind, int64_t numel, const at::Tensor& like, double param) {
     Drawn drawn;
     {
       pybind11::gil_scoped_release no_gil;
-      drawn = draw_mask(state, numel, like.options(), keep);
+      drawn = draw_values(state, kind, numel, like.options(), param);
     }
     return pybind11::make_tuple(drawn.first, drawn.second);
   });
   // Drawn on the drawing thread; the state is copied, so the caller may change its own.
-  m.def("draw_dropout_mask_ahead", [](const at::Tensor& state, int64_t numel, const at::Tensor& like, double keep) {
-    return PendingDraw{the_drawer().submit(state.clone(), {}, numel, like.options(), keep)};
+  m.def("draw_values_ahead", [](const at::Tensor& state, int kind, int64_t numel, const at::Tensor& like,
+                                double param) {
+    return PendingDraw{the_drawer().submit(state.clone(), {}, kind, numel, like.options(), param)};
   });
   // Drawn on the drawing thread from the state `previous` leaves.
-  m.def("draw_dropout_mask_after", [](const PendingDraw& previous, int64_t numel, const at::Tensor& like, double keep) {
-    return PendingDraw{the_drawer().submit(at::Tensor(), previous.future, numel, like.options(), keep)};
+  m.def("draw_values_after", [](const PendingDraw& previous, int kind, int64_t numel, const at::Tensor& like,
+                                double param) {
+    return PendingDraw{the_drawer().submit(at::Tensor(), previous.future, kind, numel, like.options(), param)};
   });
   m.def("set_draw_thread_setup", [](const std::vector<uintptr_t>& setters) {
     thread_count_setters.clear();

@@ -1,10 +1,11 @@
-"""Dropout masks drawn ahead, on another core, exactly as they would be drawn now.
+"""Random values drawn ahead, on another core, exactly as they would be drawn now.
 
-Dropout on neuron matches CPU bit for bit: its mask is CPU's bernoulli draw
-from the neuron generator's state (mt19937, serial, about 5 ns per element:
-75-150 us for each of the demo's seven masks, a tenth of CPU eager's whole
-step). A training loop asks for the same sequence of masks every step, so
-after each draw the next mask of the sequence is drawn ahead, from the
+Random ops on neuron match CPU bit for bit: dropout's mask is CPU's bernoulli
+draw from the neuron generator's state, and a torch.compile graph's random
+values are CPU's torch.rand/randn draws (mt19937, serial, about 5 ns per
+element: 75-150 us for each of the demo's seven masks, a tenth of CPU eager's
+whole step). A training loop asks for the same sequence of draws every step,
+so after each draw the next ones of the sequence are drawn ahead, from the
 generator's state after this draw, on a C++ thread that never takes the GIL
 (csrc/draws.cpp; a Python thread waited for the GIL at each step of its draw
 and was seldom done in time).
@@ -39,10 +40,11 @@ _MAX_ELEMENTS = 1 << 22  # elements drawn ahead at most (on a guess)
 _MAX_CONTEXTS = 4096
 
 _lock = threading.Lock()
-_history: list = []  # keys (numel, dtype, keep, generator id) of the last draws, newest last
+_history: list = []  # keys (kind, numel, dtype, param, generator id) of the last draws, newest last
 _next_of: dict = {}  # tuple of the last _CONTEXT keys -> the key drawn next
 _chain: deque = deque()  # (key, _C.PendingDraw) drawn ahead, in order
-_chain_from = None  # the generator state the chain's first mask is drawn from
+_chain_from = None  # the generator state the chain's first draw is drawn from
+MASK, UNIFORM, NORMAL = 0, 1, 2  # kinds of draws (csrc/draws.cpp)
 _LIKE: dict = {}  # dtype -> an empty tensor of it (the C++ draw takes its options)
 _setup_done = False
 counts = {"ahead": 0, "now": 0}  # draws served from ahead / made at the call
@@ -64,13 +66,20 @@ def _setup() -> None:
 
 
 def dropout_mask(shape, dtype, keep: float, generator: torch.Generator) -> torch.Tensor:
-    """CPU's dropout mask of `shape` (bool, on the host), drawn from `generator`
-    (whose state moves on as CPU's would)."""
+    """CPU's dropout mask of `shape` (bool, on the host): bernoulli(keep)
+    drawn in `dtype` from `generator`, whose state moves on as CPU's would."""
+    return draw(MASK, shape, dtype, keep, generator)
+
+
+def draw(kind: int, shape, dtype, param: float, generator: torch.Generator) -> torch.Tensor:
+    """CPU's draw of `kind` (MASK with probability `param`; UNIFORM:
+    torch.rand; NORMAL: torch.randn) of `shape`, on the host, from
+    `generator`, whose state moves on as CPU's would."""
     global _chain_from
     numel = 1
     for s in shape:
         numel *= s
-    key = (numel, dtype, keep, id(generator))
+    key = (kind, numel, dtype, param, id(generator))
     state = generator.get_state()
     with _lock:
         if len(_history) >= _CONTEXT:
@@ -88,14 +97,14 @@ def dropout_mask(shape, dtype, keep: float, generator: torch.Generator) -> torch
         if found is None:
             _chain.clear()
             counts["now"] += 1
-            found = _C.draw_dropout_mask(state, numel, _like(dtype), keep)
+            found = _C.draw_values(state, kind, numel, _like(dtype), param)
         else:
             counts["ahead"] += 1
-        mask, after = found
+        values, after = found
         generator.set_state(after)
         _chain_from = after
-        _extend(key[3])
-    return mask.view(shape)
+        _extend(key[4])
+    return values.view(shape)
 
 
 def _extend(generator_id) -> None:
@@ -103,17 +112,17 @@ def _extend(generator_id) -> None:
     if len(_history) < _CONTEXT or len(_chain) >= _DEPTH:
         return
     context = _history + [k for k, _ in _chain]
-    elements = sum(k[0] for k, _ in _chain)
+    elements = sum(k[1] for k, _ in _chain)
     while len(_chain) < _DEPTH:
         following = _next_of.get(tuple(context[-_CONTEXT:]))
-        if following is None or following[3] != generator_id or elements + following[0] > _MAX_ELEMENTS:
+        if following is None or following[4] != generator_id or elements + following[1] > _MAX_ELEMENTS:
             return
         _setup()
-        numel, dtype, keep, _ = following
+        kind, numel, dtype, param, _ = following
         if _chain:
-            pending = _C.draw_dropout_mask_after(_chain[-1][1], numel, _like(dtype), keep)
+            pending = _C.draw_values_after(_chain[-1][1], kind, numel, _like(dtype), param)
         else:
-            pending = _C.draw_dropout_mask_ahead(_chain_from, numel, _like(dtype), keep)
+            pending = _C.draw_values_ahead(_chain_from, kind, numel, _like(dtype), param)
         _chain.append((following, pending))
         context.append(following)
         elements += numel

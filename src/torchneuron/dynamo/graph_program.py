@@ -33,7 +33,8 @@ from ..cache.disk import disk_cache
 from ..cache.key import plan_id
 from ..dispatch import eager
 from ..dispatch.cached_launch import new_output
-from ..dispatch.host_fallback import _run_seeded
+from ..device import random as neuron_random
+from ..dispatch import draws_ahead
 from ..lowering import NotCompilable
 from ..lowering.aliasing import element_by_element
 from ..lowering.graph import export_to_mlir
@@ -578,9 +579,12 @@ class CompiledGraph:
         imp = lane.import_memory
         for t in keepalive:
             bound.append(imp(t, t.storage_offset() * t.dtype.itemsize, _boundary_shape(t.shape), t.dtype))
-        device = torch.device(_NEURON, index)
+        generator = neuron_random.default_generator(index)
         for r in program.randoms:
-            values = _run_seeded(r.draw, (_evaluate(r.shape, sizes),), {"dtype": r.dtype}, device)
+            # torch.rand/randn from the neuron generator, as CPU draws them; in a
+            # loop most often drawn ahead, beside the program (dispatch/draws_ahead.py).
+            kind = draws_ahead.UNIFORM if r.draw is torch.rand else draws_ahead.NORMAL
+            values = draws_ahead.draw(kind, _evaluate(r.shape, sizes), r.dtype, 0.0, generator)
             keepalive.append(values)
             bound.append(imp(values, 0, tuple(values.shape), values.dtype))
         for out in outs:
