@@ -85,7 +85,8 @@ class Settings:
     # outside their memory). Set before the first allocation.
     check_memory: bool = field(default_factory=lambda: _env_int("TORCHNEURON_CHECK_MEMORY", 0) != 0)
     # Launches whose largest tensor has at most this many elements run inline
-    # on the calling thread (local-task driver only; 0: never).
+    # on the calling thread (local-task driver only; 0: never); an adaptive
+    # fused graph, when all its tensors' elements together are at most this.
     inline_elements: int = field(default_factory=lambda: _env_int("TORCHNEURON_INLINE_ELEMENTS", 65536))
     # Launches queued on a device before the host waits for the oldest.
     max_in_flight: int = field(default_factory=lambda: _env_int("TORCHNEURON_MAX_IN_FLIGHT", 64))
