@@ -10,14 +10,14 @@ generator's state after this draw, on a C++ thread that never takes the GIL
 (csrc/draws.cpp; a Python thread waited for the GIL at each step of its draw
 and was seldom done in time).
 
-Up to `_DEPTH` masks are drawn ahead, each from the state the one before it
+Up to `_DEPTH` draws are made ahead, each from the state the one before it
 leaves, so a step's masks are ready before its forward pass asks for them
 (the first ones of a step are drawn during the previous backward pass). A
-draw uses the next mask drawn ahead only if the generator's state is then
-exactly the state it was drawn from (nothing else drew, nobody reseeded) and it was drawn for
-the same size, dtype and probability; otherwise it is dropped and the draw is
-made now. Either way the mask, and the generator's state after it, are those
-of drawing now. The sequence is learned from the last `_CONTEXT` draws (a
+draw uses the next one made ahead only if the generator's state is then
+exactly the state it was drawn from (nothing else drew, nobody reseeded) and
+it was drawn for the same kind, size, dtype and probability; otherwise the
+draws ahead are dropped and the draw is made now. Either way the values, and
+the generator's state after them, are those of drawing now. The sequence is learned from the last `_CONTEXT` draws (a
 loop's sequence repeats; a context met for the first time draws nothing
 ahead, an ambiguous one guesses its latest successor).
 """
@@ -35,7 +35,7 @@ from .. import _C
 from . import host_threads
 
 _CONTEXT = 8  # draws of history that predict the next
-_DEPTH = 8  # masks drawn ahead at most
+_DEPTH = 8  # draws made ahead at most
 _MAX_ELEMENTS = 1 << 22  # elements drawn ahead at most (on a guess)
 _MAX_CONTEXTS = 4096
 
@@ -90,10 +90,8 @@ def draw(kind: int, shape, dtype, param: float, generator: torch.Generator) -> t
         _history.append(key)
         found = None
         if _chain and _chain[0][0] == key and torch.equal(_chain_from, state):
-            try:
-                found = _chain.popleft()[1].result()
-            except Exception:  # noqa: BLE001 - drawn now instead, where its error is raised
-                found = None
+            # (a draw that failed ahead raises here, as the same draw made now would)
+            found = _chain.popleft()[1].result()
         if found is None:
             _chain.clear()
             counts["now"] += 1
