@@ -59,6 +59,30 @@ def test_runtime_numbers_change_between_learned_calls(mode):
         torch.testing.assert_close((x * scale + k).cpu(), a * scale + k)
 
 
+@pytest.mark.parametrize("case", ["float", "int", "bool", "reflected", "int tensor"])
+def test_python_numbers_in_tensor_arguments_are_taken_in_cpp(mode, case):
+    """`x * 0.5` reaches the dispatcher with 0.5 as a "wrapped number" tensor,
+    and a Python kernel with 0.5 as a Python float: the C++ entry takes it
+    apart as that number (it once could not learn such calls at all, and
+    every one went through Python)."""
+    a = torch.arange(12, dtype=torch.int64 if case == "int tensor" else torch.float32) - 5
+    fns = {
+        "float": lambda t, k: t * (0.5 + k),
+        "int": lambda t, k: t + (k + 2),
+        "bool": lambda t, k: t * (k % 2 == 0),
+        "reflected": lambda t, k: (1.5 + k) - t,
+        "int tensor": lambda t, k: t * (k + 3),
+    }
+    fn = fns[case]
+    x = a.to("neuron")
+    _repeat(lambda t: fn(t, 0), x)
+    _C.forget_calls(None)
+    for k in range(6):
+        torch.testing.assert_close(fn(x, k).cpu(), fn(a, k))
+    assert _C.known_calls() > 0
+    torch.testing.assert_close(x.cpu(), a)
+
+
 def test_views_at_every_offset_get_their_own_data(mode):
     """Same shape and strides, different offsets: misaligned views are
     imported by the span around them, so their alignment is in the key."""

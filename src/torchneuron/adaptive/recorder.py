@@ -26,7 +26,9 @@ import torch
 from .. import _C, config, trace
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
+from ..device import random as neuron_random
 from ..dispatch.cached_launch import MISS, _key, assemble
+from ..dispatch import draws_ahead, host_fallback
 from ..dispatch import entry as _entry
 from ..dispatch.stats import dispatched
 from ..eval import registry as _shape_registry
@@ -508,6 +510,7 @@ __all__ = ["FIRST_MEETING", "FRef", "IRef", "MISS", "Seq", "TRef", "flush", "rec
 # meets the same graph with new random values as an input.
 
 _NATIVE_DROPOUT = torch.ops.aten.native_dropout.default
+_DROPOUT_ARGS = tuple(a.name for a in _NATIVE_DROPOUT._schema.arguments)  # input, p, train
 _COPY = torch.ops.aten.copy_.default
 _MUL = torch.ops.aten.mul.Tensor
 _MUL_ = torch.ops.aten.mul_.Tensor
@@ -515,13 +518,13 @@ _MUL_ = torch.ops.aten.mul_.Tensor
 
 def record_random(op, info, args, kwargs, device):
     """Results of a random op with its draw made now, or MISS."""
-    from ..device import random as neuron_random
-    from ..dispatch import draws_ahead, host_fallback
-
     if op is _NATIVE_DROPOUT:
-        bound = op._schema.arguments
-        values = dict(zip((a.name for a in bound), args), **kwargs)
-        x, p, train = values["input"], values["p"], values.get("train")
+        # native_dropout(input, p, train): seven calls a step of the demo,
+        # so its arguments are read without building a dict of them.
+        if kwargs:
+            args = args + tuple(kwargs.get(name) for name in _DROPOUT_ARGS[len(args):])
+        x, p = args[0], args[1]
+        train = args[2] if len(args) > 2 else None
         if not (train is None or train) or not 0 < p < 1 or not x.dtype.is_floating_point or x.numel() == 0:
             return MISS
         # CPU's kernel: mask ~ bernoulli(1 - p) over a contiguous tensor of
