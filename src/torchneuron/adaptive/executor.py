@@ -193,14 +193,14 @@ def _launch_unit(graph, unit, reason) -> None:
     keepalive = [held]
     floats = graph.floats[unit.floats[0]:unit.floats[1]]
     if floats:
-        packed = torch.tensor(floats, dtype=torch.float64)
+        packed, view = lane.import_numbers(floats, torch.float64, index)
         keepalive.append(packed)
-        bound.append(lane.import_memory(packed, 0, (len(floats),), torch.float64))
+        bound.append(view)
     ints = graph.ints[unit.ints[0]:unit.ints[1]]
     if ints:
-        packed = torch.tensor(ints, dtype=torch.int64)
+        packed, view = lane.import_numbers(ints, torch.int64, index)
         keepalive.append(packed)
-        bound.append(lane.import_memory(packed, 0, (len(ints),), torch.int64))
+        bound.append(view)
     for i in unit.live:
         storage = storage_for(i)
         held.append(storage)

@@ -178,15 +178,15 @@ def _launch(launch, tensors, spans, floats, ints):
         else:
             bound.append(imp(t, (t.storage_offset() - span.prefix) * dtype.itemsize, (span.span,), dtype))
     keepalive = [tensors]
-    if floats:
-        packed = torch.tensor(floats, dtype=torch.float64)
-        keepalive.append(packed)
-        bound.append(imp(packed, 0, (len(floats),), torch.float64))
-    if ints:
-        packed = torch.tensor(ints, dtype=torch.int64)
-        keepalive.append(packed)
-        bound.append(imp(packed, 0, (len(ints),), torch.int64))
     index = launch.index
+    if floats:
+        packed, view = lane.import_numbers(floats, torch.float64, index)
+        keepalive.append(packed)
+        bound.append(view)
+    if ints:
+        packed, view = lane.import_numbers(ints, torch.int64, index)
+        keepalive.append(packed)
+        bound.append(view)
     outs = []
     for shape, dtype in plan.out_specs:
         out = new_output(shape, dtype, index)

@@ -491,15 +491,15 @@ def launch(plan, sig, device, outs=None, source=None) -> list:
         else:
             start = (t.storage_offset() - spec.prefix) * dtype.itemsize
             views.append(imp(t, start, (spec.span,), dtype))
-    if sig.floats:
-        packed = torch.tensor(sig.floats, dtype=torch.float64)
-        keepalive.append(packed)
-        views.append(imp(packed, 0, (len(sig.floats),), torch.float64))
-    if sig.ints:
-        packed = torch.tensor(sig.ints, dtype=torch.int64)
-        keepalive.append(packed)
-        views.append(imp(packed, 0, (len(sig.ints),), torch.int64))
     index = device.index
+    if sig.floats:
+        packed, view = lane.import_numbers(sig.floats, torch.float64, index)
+        keepalive.append(packed)
+        views.append(view)
+    if sig.ints:
+        packed, view = lane.import_numbers(sig.ints, torch.int64, index)
+        keepalive.append(packed)
+        views.append(view)
     given = iter(outs or ())
     outs = []
     for j, (shape, dtype) in enumerate(plan.out_specs):
