@@ -73,6 +73,7 @@ def _fresh_settings(request):
         adaptive_max_ops=saved["adaptive_max_ops"],
         adaptive_held_kb=saved["adaptive_held_kb"],
         adaptive_peak_cuts=saved["adaptive_peak_cuts"],
+        inline_elements=saved["inline_elements"],
     )
     torch.neuron.set_device(0)
     for key, value in saved_env.items():
