@@ -476,7 +476,8 @@ def test_inputs_the_program_dropped_do_not_lift_the_peak_past_op_modes(adaptive,
         # Learned in the first iteration, cut from the second on.
         assert cuts >= 2 and peaks[-1] <= op_peak and peaks[-2] <= op_peak
     else:
-        assert cuts == 0 and peaks[-1] >= op_peak + 65536 * 4
+        # (within a few bytes: launches' runtime numbers are device memory too)
+        assert cuts == 0 and peaks[-1] >= op_peak + 65536 * 4 - 1024
 
 
 @pytest.mark.parametrize("bad", [-2, 1.5, "64"])
