@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/extension.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -79,6 +80,7 @@ class Drawer {
  private:
   void run() {
     for (auto set : thread_count_setters) set(1);
+    pthread_setname_np(pthread_self(), "neuron-draws");  // as /proc and profilers list it
     for (;;) {
       std::unique_lock<std::mutex> lock(mutex_);
       ready_.wait(lock, [this] { return !jobs_.empty(); });
