@@ -185,25 +185,13 @@ bool number_leaf(const c10::IValue& v, bool param, Call& call) {
   return false;
 }
 
-// A Python number in a Tensor argument (`x * 0.5`) reaches the dispatcher as
-// a "wrapped number" tensor, and a Python kernel as the Python number again:
-// it is taken apart as the number, as the Python recorder sees it.
-bool wrapped_number_leaf(const at::Tensor& t, bool param, Call& call) {
-  const c10::Scalar value = t.item();
-  if (value.isFloatingPoint()) return number_leaf(c10::IValue(value.toDouble()), param, call);
-  if (value.isIntegral(/*includeBool=*/false)) return number_leaf(c10::IValue(value.toLong()), param, call);
-  if (value.isBoolean()) {
-    call.put('b');
-    call.put(value.toBool());
-    return true;
-  }
-  return false;  // complex: the Python entry takes it
-}
-
 bool leaf(const c10::IValue& v, bool param, Call& call) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
-    if (t.defined() && t.unsafeGetTensorImpl()->is_wrapped_number()) return wrapped_number_leaf(t, param, call);
+    // A Python number in a Tensor argument (`x * 0.5`) reaches the dispatcher
+    // as a "wrapped number" tensor, and a Python kernel as the Python number
+    // again: it is taken apart as that number (a complex one: not at all).
+    if (t.defined() && t.unsafeGetTensorImpl()->is_wrapped_number()) return leaf(c10::IValue(t.item()), param, call);
     return tensor_leaf(t, call);
   }
   if (v.isDouble() || v.isInt()) return number_leaf(v, param, call);
