@@ -187,3 +187,38 @@ def test_index_copy_cases_draw_distinct_indices():
             lo, hi = json.loads(sig)["args"][2]["range"]
             assert len(set(index.tolist())) == index.numel() and lo <= index.min() and index.max() <= hi
             assert torch.equal(dev_args[2].cpu(), index)
+
+
+def test_unit_stage_writes_each_result_as_it_lands_and_resumes(tmp_path):
+    """The whole registry takes hours cold: a run writes each signature's
+    result as it lands, and a rerun with the same file runs only what is
+    missing (a line a stopped run cut short counts as missing)."""
+    path, results = str(tmp_path / "r.sqlite"), tmp_path / "unit.jsonl"
+    sizes = ([3], [4, 2], [5])
+    registry.merge_counts(path, {
+        ("aten.neg.default", json.dumps({"args": [{"T": "float32", "size": s, "stride": [1] if len(s) == 1 else [2, 1],
+                                                  "offset": 0, "dev": "neuron"}], "kwargs": {}}), "m"): 1
+        for s in sizes})
+
+    class Args:
+        stage = ["unit"]
+        registry = path
+        ops = None
+        keep_going = False
+        json = str(tmp_path / "report.json")
+
+    Args.results = str(results)
+    assert stages.run(Args) == 0
+    lines = results.read_text().splitlines()
+    assert len(lines) == 3 and {json.loads(x)["status"] for x in lines} == {"pass"}
+    assert {json.loads(x)["sig"] for x in lines} == {sig for _, sig, _, _ in registry.rows(path)}
+
+    assert stages.run(Args) == 0  # all three already there: nothing runs, nothing is appended
+    assert results.read_text().splitlines() == lines
+    assert json.loads((tmp_path / "report.json").read_text())["unit"]["counts"] == {"pass": 3}
+
+    results.write_text("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])  # stopped mid-line
+    assert stages.run(Args) == 0
+    again = [x for x in results.read_text().splitlines() if x.startswith("{") and x.endswith("}")]
+    assert sorted(again) == sorted(lines)
+    assert json.loads((tmp_path / "report.json").read_text())["unit"]["counts"] == {"pass": 3}

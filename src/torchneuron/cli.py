@@ -249,7 +249,8 @@ def main(argv=None) -> int:
     p.add_argument("--models-per-process", type=int, default=1,
                    help="models each worker runs one after another (default 1: a process per model)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per model before it counts as a hang")
-    p.add_argument("--results", default=None, help="JSON-lines results file (resumable; full: docs/census.jsonl)")
+    p.add_argument("--results", default=None, help="JSON-lines results file, written as each result lands and resumed from "
+                        "(unit: one line a signature; full: default docs/census.jsonl)")
     p.add_argument("--fresh", action="store_true", help="ignore results already in the results file")
     p.add_argument("--baseline", default=None, help="previous census report (default: docs/census.json)")
     p.add_argument("--report", action="store_true", help="full stage: write docs/census.md and docs/census.json")

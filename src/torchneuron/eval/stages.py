@@ -11,6 +11,7 @@ could not run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -56,8 +57,29 @@ def _unit(args) -> dict:
     everything = len(cases)
     if getattr(args, "sample", None):
         cases = registry.sample(cases, args.sample)
-    with _progress(len(cases), "unit") as bar:
-        results = unit.run_cases(cases, on_result=lambda _: bar.update(1))
+    results_path = getattr(args, "results", None)
+    done = {} if results_path is None or getattr(args, "fresh", False) else _unit_results(results_path)
+    results = [done[(op, sig)] for op, sig, _, _ in cases if (op, sig) in done]
+    todo = [c for c in cases if (c[0], c[1]) not in done]
+    if results:
+        print(f"unit: {len(results)} signatures already in {results_path}, {len(todo)} to run", file=sys.stderr)
+    out = None
+    if results_path is not None:
+        out = open(results_path, "w" if getattr(args, "fresh", False) else "a")
+        if out.tell() and not _ends_with_newline(results_path):
+            out.write("\n")  # after a line a stopped run cut short
+    try:
+        with _progress(len(todo), "unit") as bar:
+            def report(result):
+                bar.update(1)
+                if out is not None:  # each result as it lands: a stopped run resumes where it was
+                    out.write(json.dumps(dataclasses.asdict(result)) + "\n")
+                    out.flush()
+
+            results += unit.run_cases(todo, on_result=report, batch=_UNIT_BATCH)
+    finally:
+        if out is not None:
+            out.close()
     counts = unit.summarize(results)
     failed = [r for r in results if r.status in ("error", "mismatch")]
     print(f"unit: {len(results)} of {everything} signatures from {path}: "
@@ -66,6 +88,36 @@ def _unit(args) -> dict:
         print(f"  {r.status}: {r.op} {r.sig[:160]}\n    {r.detail[:300]}")
     return {"status": "fail" if failed else "pass", "registry": path, "counts": counts,
             "failures": [{"op": r.op, "sig": r.sig, "status": r.status, "detail": r.detail} for r in failed]}
+
+
+# Signatures compiled together before any is compared (see unit.run_cases).
+_UNIT_BATCH = 256
+
+
+def _ends_with_newline(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def _unit_results(path: str) -> dict:
+    """(op, signature) -> UnitResult from a unit results file; a line cut
+    short by a stopped run is ignored (its case runs again)."""
+    from .unit import UnitResult
+
+    found = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    d = json.loads(line)
+                except ValueError:
+                    continue
+                d["models"] = tuple(d.get("models", ()))
+                found[(d["op"], d["sig"])] = UnitResult(**d)
+    except FileNotFoundError:
+        pass
+    return found
 
 
 DEFAULT_RESULTS = os.path.join("docs", "census.jsonl")

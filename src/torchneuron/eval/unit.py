@@ -252,12 +252,23 @@ def run(registry_path: str, ops=None, on_result=None) -> list:
     return run_cases(registry.rows(registry_path, ops), on_result)
 
 
-def run_cases(cases, on_result=None) -> list:
+def run_cases(cases, on_result=None, batch: int | None = None) -> list:
     """Run registry rows (op, signature, count, models), each compiled and
-    compared against CPU. Their executables are built first, all in the
-    background builders at once (each case runs once on the host path
-    meanwhile, its result not kept): cold, 120 census signatures took 51 s
-    so against 83 s building each in turn."""
+    compared against CPU, `batch` rows at a time (all at once by default).
+    A batch's executables are built first, all in the background builders
+    at once (each case runs once on the host path meanwhile, its result not
+    kept): cold, 120 census signatures took 51 s so against 83 s building
+    each in turn. Batches bound how long a result waits for its report and
+    how many executables a run holds before it compares any."""
+    cases = list(cases)
+    step = batch or max(1, len(cases))
+    results = []
+    for start in range(0, len(cases), step):
+        results += _run_batch(cases[start:start + step], on_result)
+    return results
+
+
+def _run_batch(cases, on_result) -> list:
     from .. import config, wait_for_compiles
 
     waited = config.settings.compile_wait
