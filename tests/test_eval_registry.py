@@ -222,3 +222,14 @@ def test_unit_stage_writes_each_result_as_it_lands_and_resumes(tmp_path):
     again = [x for x in results.read_text().splitlines() if x.startswith("{") and x.endswith("}")]
     assert sorted(again) == sorted(lines)
     assert json.loads((tmp_path / "report.json").read_text())["unit"]["counts"] == {"pass": 3}
+
+
+def test_a_signature_too_large_for_this_host_is_reported_not_run():
+    """yolos's attention scores (1.1e9 floats) would take the unit stage
+    past the host's memory: such a case says so instead of being killed."""
+    huge = {"args": [{"T": "float32", "size": [1 << 20, 1 << 20], "stride": [1 << 20, 1], "offset": 0,
+                      "dev": "neuron"}], "kwargs": {}}
+    result = unit.run_case("aten.neg.default", json.dumps(huge))
+    assert result.status == "too-large" and "GiB" in result.detail
+    small = dict(huge, args=[dict(huge["args"][0], size=[4, 4], stride=[4, 1])])
+    assert unit.run_case("aten.neg.default", json.dumps(small)).status == "pass"
