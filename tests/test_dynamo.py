@@ -72,6 +72,31 @@ def test_mlp_forward_and_backward_match_cpu():
     assert _dynamo_stats()["graphs_compiled"] - before == 2  # forward and backward
 
 
+@pytest.mark.parametrize("mode", ["op", "adaptive"])
+def test_graph_runs_beside_the_program_in_adaptive_mode(mode):
+    """A compiled graph of many small tensors runs on the device's workers in
+    adaptive eager mode (the program records the optimizer meanwhile), inline
+    in op mode (where the next eager op would wait for it); same results."""
+    from torchneuron.runtime import device_queue
+
+    def mlp():
+        return torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(24)])
+
+    cpu, neuron = _pair(mlp)
+    compiled = torch.compile(neuron, backend="neuron")
+    x = torch.randn(16, 64)
+    with torchneuron.eager_mode(mode):
+        compiled(x.to("neuron"))
+        torch.neuron.synchronize()
+        lanes = device_queue(0)
+        task, inline = lanes.task.launches, lanes.inline.launches
+        out = compiled(x.to("neuron"))
+        torch.neuron.synchronize()
+        ran = {"task": lanes.task.launches - task, "inline": lanes.inline.launches - inline}
+    _close(out, cpu(x), 1e-4)
+    assert ran == ({"task": 1, "inline": 0} if mode == "adaptive" else {"task": 0, "inline": 1})
+
+
 def test_gpt_trains_20_steps_like_cpu():
     cfg = GPTConfig(dropout=0.0)
     cpu, neuron = _pair(lambda: GPT(cfg))

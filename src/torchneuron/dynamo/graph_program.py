@@ -27,7 +27,7 @@ import sympy
 import torch
 import torch.fx
 
-from .. import trace
+from .. import config, trace
 from ..cache import executable_cache
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
@@ -569,13 +569,21 @@ class CompiledGraph:
                 t = contiguous
             keepalive.append(t)
         largest = max((t.numel() for t in keepalive), default=0)
+        touched = sum(t.numel() for t in keepalive)
         outs = []
         for _, shape, dtype, device in program.new:
             shape = _evaluate(shape, sizes)
             out = new_output(shape, dtype, index) if device.type == _NEURON else torch.empty(shape, dtype=dtype)
             outs.append(out)
             largest = max(largest, out.numel())
-        lane = queue.lane_for(largest)
+            touched += out.numel()
+        # In adaptive eager mode the graph runs on the device's workers unless
+        # it is as small as a tiny op, as a fused eager graph does: the program
+        # records what follows (the optimizer's ops after the backward graph)
+        # while it runs. In op mode the next eager op would wait for it on the
+        # host, and the handoff to the workers costs more than it gains (the
+        # demo step measured 7.2-7.5 -> 8.0 ms; adaptive 7.0-7.2 -> 5.9-6.5 ms).
+        lane = queue.lane_for(touched if config.settings.eager_mode == "adaptive" else largest)
         imp = lane.import_memory
         for t in keepalive:
             bound.append(imp(t, t.storage_offset() * t.dtype.itemsize, _boundary_shape(t.shape), t.dtype))
