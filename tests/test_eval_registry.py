@@ -233,3 +233,21 @@ def test_a_signature_too_large_for_this_host_is_reported_not_run():
     assert result.status == "too-large" and "GiB" in result.detail
     small = dict(huge, args=[dict(huge["args"][0], size=[4, 4], stride=[4, 1])])
     assert unit.run_case("aten.neg.default", json.dumps(small)).status == "pass"
+
+
+def test_grouped_mm_has_a_float64_answer_for_arbitration():
+    """CPU's _grouped_mm has no float64 kernel; the unit stage's float64
+    answer (by groups) agrees with CPU's float32 kernel on both of the
+    census's layouts, and the generated group ends cover every row."""
+    a, b3, b2 = torch.randn(32, 64), torch.randn(4, 64, 32), torch.randn(64, 16)
+    rows, cols = torch.tensor([8, 13, 20, 32], dtype=torch.int32), torch.tensor([10, 30, 50, 64], dtype=torch.int32)
+    for right, ends in ((b3, rows), (b2, cols)):
+        exact = unit._grouped_mm_float64(a.double(), right.double(), ends)
+        torch.testing.assert_close(exact.float(), torch._grouped_mm(a, right, ends), rtol=1e-4, atol=1e-4)
+    sig = {"args": [{"T": "float32", "size": [32, 64], "stride": [64, 1], "offset": 0, "dev": "neuron"},
+                    {"T": "float32", "size": [4, 64, 32], "stride": [2048, 32, 1], "offset": 0, "dev": "neuron"},
+                    {"T": "int32", "size": [4], "stride": [1], "offset": 0, "dev": "neuron", "range": [3, 32]}],
+           "kwargs": {}}
+    (cpu_args, _), _ = unit.build_arguments(sig, 0, "aten._grouped_mm.default")
+    ends = cpu_args[2].tolist()
+    assert ends == sorted(ends) and ends[-1] == 32
