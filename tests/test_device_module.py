@@ -1,5 +1,7 @@
 """torch.neuron, torchneuron and torch.accelerator (issue item 3)."""
 
+import os
+
 import pytest
 import torch
 
@@ -94,3 +96,25 @@ def test_dropout_randomness_matches_cpu():
     torch.manual_seed(1)
     b = torch.nn.functional.dropout(x, 0.5)
     torch.testing.assert_close(a.cpu(), b)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_device_workers_setting_sizes_the_task_pool(workers):
+    """TORCHNEURON_DEVICE_WORKERS sets the worker threads of IREE's task pool
+    (default: one per core); work on the pool gives CPU's results."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, torch, torchneuron\n"
+        "torch.manual_seed(0)\n"
+        "a = torch.randn(512, 512)\n"
+        "got = (a.neuron() @ a.neuron()).cpu()\n"  # large: runs on the task pool
+        "torch.testing.assert_close(got, a @ a, rtol=1e-4, atol=1e-3)\n"
+        "names = [open(f'/proc/self/task/{t}/comm').read() for t in os.listdir('/proc/self/task')]\n"
+        "print(sum(n.startswith('iree-worker') for n in names))\n"
+    )
+    env = dict(os.environ, TORCHNEURON_DEVICE_WORKERS=str(workers))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == str(workers)

@@ -88,6 +88,9 @@ class Settings:
     # on the calling thread (local-task driver only; 0: never); an adaptive
     # fused graph, when all its tensors' elements together are at most this.
     inline_elements: int = field(default_factory=lambda: _env_int("TORCHNEURON_INLINE_ELEMENTS", 65536))
+    # Worker threads of IREE's task pool (local-task driver; 0: one per core).
+    # Read when the first device is made.
+    device_workers: int = field(default_factory=lambda: _env_int("TORCHNEURON_DEVICE_WORKERS", 0))
     # Launches queued on a device before the host waits for the oldest.
     max_in_flight: int = field(default_factory=lambda: _env_int("TORCHNEURON_MAX_IN_FLIGHT", 64))
     # At the first neuron op, move the objects alive then (imported modules,

@@ -41,12 +41,29 @@ def hal_device(index: int):
                 raise RuntimeError(problem)
             import iree.runtime as ireert
 
+            _set_workers(ireert, driver)
             try:
                 device = ireert.get_driver(driver).create_default_device()
             except Exception as e:  # noqa: BLE001 - IREE raises plain RuntimeError/ValueError
                 raise RuntimeError(f"neuron: cannot create a device on driver {driver!r}: {e}") from e
             _devices[index] = device
         return device
+
+
+_workers_set = False
+
+
+def _set_workers(ireert, driver: str) -> None:
+    """IREE's task pool (local-task) takes its worker count from a flag read
+    once, when the driver is first made: set it before that. By default one
+    worker per core; fewer leave the program's threads a core of their own
+    (docs/configuration.md: a dispatch-bound training step gains, a
+    compute-bound one loses)."""
+    global _workers_set
+    workers = config.settings.device_workers
+    if driver == "local-task" and workers > 0 and not _workers_set:
+        ireert.flags.parse_flags(f"--task_topology_group_count={workers}")
+        _workers_set = True
 
 
 # Small launches run inline on the calling thread (IREE's local-sync driver)
