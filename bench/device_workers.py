@@ -28,7 +28,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from report import command_line, machine, write_section  # noqa: E402
+from report import command_line, machine, train_step_times, write_section  # noqa: E402
 
 CASES = {
     # name: (what, device, backend, wide)
@@ -68,15 +68,7 @@ def child(spec: str, steps: int) -> None:
         train_gpt(device, 6, cfg=cfg, compile_backend=backend)
         if device == "neuron":
             torchneuron.wait_for_compiles()
-    times, last = [], [time.perf_counter()]
-
-    def on_step(step, loss):
-        now = time.perf_counter()
-        times.append(now - last[0])
-        last[0] = now
-
-    last[0] = time.perf_counter()
-    train_gpt(device, n, cfg=cfg, compile_backend=backend, on_step=on_step)
+    times = train_step_times(device, n, cfg=cfg, compile_backend=backend)
     print(json.dumps(statistics.median(times[len(times) // 4:])))
 
 

@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("TORCHNEURON_CACHE_DIR", tempfile.mkdtemp(prefix="tn-bench-"))
@@ -36,6 +35,7 @@ def worker(mode: str, cases: list, steps: int, rounds: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     import torchneuron
+    from report import train_step_times
     from torchneuron.models import GPTConfig, train_gpt
 
     torchneuron.set_eager_mode(mode)
@@ -44,15 +44,7 @@ def worker(mode: str, cases: list, steps: int, rounds: int) -> None:
         torchneuron.wait_for_compiles()
 
     def step_time() -> float:
-        times, last = [], [time.perf_counter()]
-
-        def on_step(step, loss):
-            now = time.perf_counter()
-            times.append(now - last[0])
-            last[0] = now
-
-        last[0] = time.perf_counter()
-        train_gpt("neuron", steps, cfg=GPTConfig(), on_step=on_step)
+        times = train_step_times("neuron", steps, cfg=GPTConfig())
         return statistics.median(times[len(times) // 2:])
 
     activities = {"device events": [ProfilerActivity.PrivateUse1], "CPU ops only": [ProfilerActivity.CPU],

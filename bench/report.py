@@ -73,3 +73,20 @@ def write_section(path: str, name: str, body: str) -> None:
 
 def command_line() -> str:
     return "python " + " ".join(sys.argv)
+
+
+def train_step_times(device: str, steps: int, **train_kwargs) -> list:
+    """Seconds each of `steps` steps of the demo GPT's training took
+    (torchneuron.models.train_gpt with these arguments)."""
+    from torchneuron.models import train_gpt
+
+    times, last = [], [time.perf_counter()]
+
+    def on_step(step, loss):
+        now = time.perf_counter()
+        times.append(now - last[0])
+        last[0] = now
+
+    last[0] = time.perf_counter()
+    train_gpt(device, steps, on_step=on_step, **train_kwargs)
+    return times
