@@ -251,3 +251,20 @@ def test_grouped_mm_has_a_float64_answer_for_arbitration():
     (cpu_args, _), _ = unit.build_arguments(sig, 0, "aten._grouped_mm.default")
     ends = cpu_args[2].tolist()
     assert ends == sorted(ends) and ends[-1] == 32
+
+
+def test_copy_from_and_masked_index_put_get_a_cpu_answer():
+    """_copy_from has no CPU kernel (copy_ hands it a new backend): its CPU
+    answer is copy_'s. A boolean mask putting values gets exactly as many set
+    elements as the values have rows (a random mask: CPU rejects the inputs)."""
+    copy = {"args": [{"T": "int32", "dev": "neuron", "offset": 0, "range": [1, 5], "size": [75], "stride": [0]},
+                     {"T": "int32", "dev": "neuron", "offset": 7, "range": [0, 0], "size": [75], "stride": [1]}],
+            "kwargs": {}}
+    assert unit.run_case("aten._copy_from.default", json.dumps(copy)).status == "pass"
+    put = {"args": [{"T": "float32", "dev": "neuron", "offset": 0, "size": [64, 32], "stride": [32, 1]},
+                    {"L": [{"T": "bool", "dev": "neuron", "offset": 0, "range": [0, 1], "size": [64], "stride": [1]}]},
+                    {"T": "float32", "dev": "neuron", "offset": 0, "size": [57, 32], "stride": [32, 1]}, True, True],
+           "kwargs": {}}
+    (cpu_args, _), (dev_args, _) = unit.build_arguments(put, 0, "aten._index_put_impl_.default")
+    assert int(cpu_args[1][0].sum()) == 57 and torch.equal(dev_args[1][0].cpu(), cpu_args[1][0])
+    assert unit.run_case("aten._index_put_impl_.default", json.dumps(put)).status == "pass"

@@ -83,6 +83,11 @@ _SORTED_ARGUMENT = {
 # documentation (CPU and a compiled scatter may pick different ones).
 _DISTINCT_INDEX = {"aten.index_copy_.default": 2, "aten.index_copy.default": 2}
 
+# Boolean masks an op needs with exactly as many set elements as the values
+# it puts have rows: (position of the index list, position of the values).
+_MASK_FITS_VALUES = {"aten._index_put_impl_.default": (1, 2), "aten.index_put_.default": (1, 2),
+                     "aten.index_put.default": (1, 2)}
+
 # Group ends an op needs non-decreasing, the last one covering every row:
 # rows past the last end are left unwritten (uninitialized, on CPU too).
 _GROUP_ENDS = {"aten._grouped_mm.default": 2}
@@ -106,6 +111,9 @@ def build_arguments(sig: dict, seed: int = 0, op_name: str | None = None) -> tup
             distinct = (lo + torch.randperm(hi - lo + 1, generator=gen)[: index.numel()]).to(index.dtype)
             index.copy_(distinct)
             dev[0][position].copy_(distinct)
+    positions = _MASK_FITS_VALUES.get(op_name)
+    if positions is not None and max(positions) < len(cpu[0]):
+        _fit_mask_to_values(cpu[0], dev[0], *positions, seed)
     position = _GROUP_ENDS.get(op_name)
     if position is not None and position < len(cpu[0]) and isinstance(cpu[0][position], torch.Tensor):
         ends = cpu[0][position].sort(-1).values
@@ -113,6 +121,21 @@ def build_arguments(sig: dict, seed: int = 0, op_name: str | None = None) -> tup
         cpu[0][position].copy_(ends)
         dev[0][position].copy_(ends)
     return cpu, dev
+
+
+def _fit_mask_to_values(cpu_args, dev_args, at, values_at, seed) -> None:
+    indices, values = cpu_args[at], cpu_args[values_at]
+    if not (isinstance(indices, (list, tuple)) and len(indices) == 1 and isinstance(indices[0], torch.Tensor)
+            and indices[0].dtype == torch.bool and isinstance(values, torch.Tensor) and values.dim() >= 1):
+        return
+    mask, rows = indices[0], values.shape[0]
+    if rows <= 1 or rows > mask.numel() or not mask.is_contiguous():
+        return  # one row broadcasts to any count; a mask too small cannot fit
+    gen = torch.Generator().manual_seed(seed)
+    fitted = torch.zeros(mask.numel(), dtype=torch.bool)
+    fitted[torch.randperm(mask.numel(), generator=gen)[:rows]] = True
+    mask.copy_(fitted.view(mask.shape))
+    dev_args[at][0].copy_(mask)
 
 
 def _build_arguments(sig: dict, seed: int) -> tuple:
@@ -195,7 +218,7 @@ def run_case(op_name: str, sig_text: str, seed: int = 0) -> UnitResult:
     cpu_before, dev_before = argument_checks.snapshot(cpu_in), argument_checks.snapshot(dev_in)
     torch.manual_seed(seed)
     try:
-        expected = op(*cpu_args, **cpu_kwargs)
+        expected = _CPU_REFERENCE.get(op_name, op)(*cpu_args, **cpu_kwargs)
     except Exception as e:  # noqa: BLE001 - random inputs PyTorch itself rejects
         return UnitResult(op_name, sig_text, "invalid", f"CPU: {type(e).__name__}: {str(e)[:200]}")
     torch.manual_seed(seed)
@@ -281,6 +304,10 @@ def _grouped_mm_float64(a, b, offs=None, bias=None, out_dtype=None):
         return out
     return torch.stack([a[:, start:end] @ b[start:end] for start, end in zip(starts, ends)])
 
+
+# Ops with no CPU kernel at all, and what computes CPU's answer: _copy_from
+# is the copy between backends that copy_ hands a new backend.
+_CPU_REFERENCE = {"aten._copy_from.default": lambda self, dst, non_blocking=False: dst.copy_(self)}
 
 # Ops with no float64 kernel on CPU, and how their float64 answer is computed.
 _FLOAT64_REFERENCE = {"aten._grouped_mm.default": _grouped_mm_float64}
