@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+import torchneuron
 
 from torchneuron.eval import record_shapes, registry, stages, unit
 
@@ -233,6 +234,37 @@ def test_a_signature_too_large_for_this_host_is_reported_not_run():
     assert result.status == "too-large" and "GiB" in result.detail
     small = dict(huge, args=[dict(huge["args"][0], size=[4, 4], stride=[4, 1])])
     assert unit.run_case("aten.neg.default", json.dumps(small)).status == "pass"
+
+
+def test_a_signature_whose_results_would_not_fit_is_reported_not_run():
+    """A yolos bmm with 2 MB of inputs returns 4.1 GB: the estimate counts
+    results (from the op's meta kernel), not only inputs."""
+    def bmm_sig(n):
+        return {"args": [{"T": "float32", "size": [1, n, 1], "stride": [n, 1, 1], "offset": 0, "dev": "neuron"},
+                         {"T": "float32", "size": [1, 1, n], "stride": [n, n, 1], "offset": 0, "dev": "neuron"}],
+                "kwargs": {}}
+    op = torch.ops.aten.bmm.default
+    assert unit.result_bytes(op, bmm_sig(1 << 18)) == 4 << 36
+    assert unit.working_set_bytes(bmm_sig(1 << 18)) <= 1 << 24
+    result = unit.run_case("aten.bmm.default", json.dumps(bmm_sig(1 << 18)))
+    assert result.status == "too-large" and "GiB" in result.detail
+    assert unit.run_case("aten.bmm.default", json.dumps(bmm_sig(8))).status == "pass"
+
+
+def test_running_out_of_device_memory_in_a_case_is_too_large_and_the_run_goes_on():
+    """What the estimate misses (here a device capped far below the host) is
+    caught in the case: the batch goes on to the next signature."""
+    def neg_sig(n):
+        return json.dumps({"args": [{"T": "float32", "size": [n], "stride": [1], "offset": 0, "dev": "neuron"}],
+                           "kwargs": {}})
+    torchneuron.set_memory_limit(torchneuron.memory_allocated() + (1 << 20))
+    try:
+        results = unit.run_cases([("aten.neg.default", neg_sig(1 << 20), 1, ["m"]),
+                                  ("aten.neg.default", neg_sig(16), 1, ["m"])])
+    finally:
+        torchneuron.set_memory_limit(0)
+    assert [r.status for r in results] == ["too-large", "pass"]
+    assert "out of memory" in results[0].detail
 
 
 def test_grouped_mm_has_a_float64_answer_for_arbitration():

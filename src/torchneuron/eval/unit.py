@@ -138,13 +138,19 @@ def _fit_mask_to_values(cpu_args, dev_args, at, values_at, seed) -> None:
     dev_args[at][0].copy_(mask)
 
 
-def _build_arguments(sig: dict, seed: int) -> tuple:
+def _make_meta_tensor(d: dict, gen) -> tuple:
+    """Layout only, no memory: for sizing a case's results before running it."""
+    t = torch.empty_strided(d["size"], d["stride"], dtype=getattr(torch, d["T"]), device="meta")
+    return t, t
+
+
+def _build_arguments(sig: dict, seed: int, make_tensor=_make_tensor) -> tuple:
     gen = torch.Generator().manual_seed(seed)
 
     def both(v):
         if isinstance(v, dict):
             if "T" in v:
-                return _make_tensor(v, gen)
+                return make_tensor(v, gen)
             if "f" in v:
                 x = float(v["f"])
                 return x, x
@@ -158,6 +164,8 @@ def _build_arguments(sig: dict, seed: int) -> tuple:
                 d = getattr(torch, v["dtype"])
                 return d, d
             if "device" in v:
+                if make_tensor is _make_meta_tensor:
+                    return torch.device("meta"), torch.device("meta")
                 return torch.device("cpu"), torch.device(v["device"])
             if "layout" in v:
                 layout = getattr(torch, v["layout"])
@@ -197,20 +205,35 @@ def _compare(got, expected, path: str = "result") -> None:
         raise AssertionError(f"{path}: {got!r} vs CPU {expected!r}")
 
 
+_OUT_OF_MEMORY = (torch.OutOfMemoryError, MemoryError)
+
+
 def run_case(op_name: str, sig_text: str, seed: int = 0) -> UnitResult:
     sig = json.loads(sig_text)
     try:
         op = resolve_op(op_name)
     except (AttributeError, ValueError) as e:
         return UnitResult(op_name, sig_text, "unsupported", f"no such op: {e}")
-    needed, available = working_set_bytes(sig), _available_bytes()
+    needed = working_set_bytes(sig) + _COPIES_OF_RESULTS * result_bytes(op, sig)
+    available = _available_bytes()
     if needed > available // 2:
         return UnitResult(op_name, sig_text, "too-large",
                           f"needs about {needed / 2**30:.1f} GiB, {available / 2**30:.1f} GiB available")
     try:
+        return _run_case(op, op_name, sig, sig_text, seed)
+    except _OUT_OF_MEMORY as e:
+        # The estimate missed (an op whose results meta cannot size):
+        # reported like one it caught, and the run goes on.
+        return UnitResult(op_name, sig_text, "too-large", f"ran out of memory: {str(e)[:200]}")
+
+
+def _run_case(op, op_name: str, sig: dict, sig_text: str, seed: int) -> UnitResult:
+    try:
         (cpu_args, cpu_kwargs), (dev_args, dev_kwargs) = build_arguments(sig, seed, op_name)
     except Unsupported as e:
         return UnitResult(op_name, sig_text, "unsupported", str(e))
+    except _OUT_OF_MEMORY:
+        raise
     except Exception as e:  # noqa: BLE001 - neuron refused the inputs themselves
         return UnitResult(op_name, sig_text, "error", f"creating the inputs: {type(e).__name__}: {str(e)[:300]}")
     cpu_in = argument_checks.tensor_leaves([cpu_args, cpu_kwargs])
@@ -219,12 +242,16 @@ def run_case(op_name: str, sig_text: str, seed: int = 0) -> UnitResult:
     torch.manual_seed(seed)
     try:
         expected = _CPU_REFERENCE.get(op_name, op)(*cpu_args, **cpu_kwargs)
+    except _OUT_OF_MEMORY:
+        raise
     except Exception as e:  # noqa: BLE001 - random inputs PyTorch itself rejects
         return UnitResult(op_name, sig_text, "invalid", f"CPU: {type(e).__name__}: {str(e)[:200]}")
     torch.manual_seed(seed)
     try:
         got = op(*dev_args, **dev_kwargs)
         torch.neuron.synchronize()
+    except _OUT_OF_MEMORY:
+        raise
     except Exception as e:  # noqa: BLE001 - a backend failure, reported as such
         return UnitResult(op_name, sig_text, "error", f"{type(e).__name__}: {str(e)[:300]}")
     try:
@@ -248,6 +275,8 @@ def run_case(op_name: str, sig_text: str, seed: int = 0) -> UnitResult:
 # A case holds each input on both devices and a bit snapshot of each, a
 # result per device, and float64 copies when it judges a mismatch.
 _COPIES_OF_INPUTS = 8
+# A result per device and a float64 copy of each (twice a float32's bytes).
+_COPIES_OF_RESULTS = 6
 
 
 def working_set_bytes(sig: dict) -> int:
@@ -268,6 +297,17 @@ def working_set_bytes(sig: dict) -> int:
     for a in list(sig["args"]) + list(sig["kwargs"].values()):
         walk(a)
     return total * _COPIES_OF_INPUTS
+
+
+def result_bytes(op, sig: dict) -> int:
+    """The bytes of the op's results for this signature, from its meta kernel
+    (0 when it has none): a yolos bmm of 2 MB inputs returns 4.1 GB."""
+    try:
+        (args, kwargs), _ = _build_arguments(sig, 0, _make_meta_tensor)
+        out = op(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - no meta kernel, data-dependent shapes
+        return 0
+    return sum(t.numel() * t.element_size() for t in argument_checks.tensor_leaves(out))
 
 
 def _available_bytes() -> int:
