@@ -10,7 +10,7 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
-from . import amp, linalg, rnn_cells, softmax_rows, special, tensor_ops
+from . import amp, linalg, long_sums, rnn_cells, softmax_rows, special, split_k, tensor_ops
 
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -287,7 +287,7 @@ def decomposition_table() -> dict:
     table[torch.ops.aten.log10.default] = _log10
     for op in (torch.ops.aten.sum.default, torch.ops.aten.sum.dim_IntList, torch.ops.aten.mean.default,
                torch.ops.aten.mean.dim, torch.ops.aten.linalg_vector_norm.default):
-        table[op] = _accumulate_in_float32(op)
+        table[op] = long_sums.in_blocks(op, _accumulate_in_float32(op))
     for op in (torch.ops.aten.cumsum.default, torch.ops.aten.cumprod.default):
         table[op] = _scan_in_float32(op)
     table[torch.ops.aten.native_layer_norm.default] = _layer_norm_in_float32
@@ -298,6 +298,7 @@ def decomposition_table() -> dict:
     for op in (torch.ops.aten._softmax.default, torch.ops.aten._log_softmax.default):
         table[op] = softmax_rows.rows_in_groups(table[op])
     table[torch.ops.aten.gelu.default] = _gelu_tanh
+    table.update(split_k.rules())
     table[torch.ops.aten.index_put.default] = tensor_ops.index_put_by_mask  # graphs' boolean masks
     table.update(own_decompositions())
     for op in _pointwise_float_ops():
