@@ -1,0 +1,83 @@
+"""Long sums and long matrix products on neuron vs CPU eager: time, and each
+one's distance from the float64 answer, side by side in one run
+(lowering/long_sums.py, lowering/split_k.py).
+
+    python bench/long_reductions.py [--repeats 7] [--write docs/benchmarks.md]
+
+Each case runs as a compiled op (op mode, waiting for its compile). Run it
+with PYTHONPATH pointing at an older checkout (and --section) to measure that
+checkout's lowering with the same script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+os.environ.setdefault("TORCHNEURON_CACHE_DIR", tempfile.mkdtemp(prefix="tn-bench-"))
+from report import command_line, machine, time_interleaved, write_section  # noqa: E402
+
+import torch  # noqa: E402
+
+import torchneuron  # noqa: E402
+
+torchneuron.set_eager_mode("op")
+torchneuron.config.set(compile_wait=True)
+
+CASES = [  # (name, function, input shapes)
+    ("row sums [32, 65536]", lambda x: x.sum(-1), [(32, 65536)]),
+    ("sum of 1M elements", lambda x: x.sum(), [(1 << 20,)]),
+    ("column sums [16485, 64]", lambda x: x.sum(0), [(16485, 64)]),
+    ("vector_norm of 1M elements", lambda x: torch.linalg.vector_norm(x), [(1 << 20,)]),
+    ("bias gradient: sum over [8, 512, 768] dims 0, 1", lambda x: x.sum((0, 1)), [(8, 512, 768)]),
+    ("mm [16, 8192] @ [8192, 32]", torch.mm, [(16, 8192), (8192, 32)]),
+    ("mm [64, 3145] @ [3145, 64]", torch.mm, [(64, 3145), (3145, 64)]),
+    ("mm [256, 2048] @ [2048, 256]", torch.mm, [(256, 2048), (2048, 256)]),
+    ("mm [512, 8192] @ [8192, 512]", torch.mm, [(512, 8192), (8192, 512)]),
+    ("mm [1024, 4096] @ [4096, 1024] (left whole)", torch.mm, [(1024, 4096), (4096, 1024)]),
+    ("bmm [4, 16, 3145] @ [4, 3145, 3145]", torch.bmm, [(4, 16, 3145), (4, 3145, 3145)]),
+]
+
+
+def _error(got, exact) -> float:
+    return (got.double() - exact).abs().mean().item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--write", help="update this markdown file's section")
+    parser.add_argument("--section", default="long_reductions")
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for name, fn, shapes in CASES:
+        xs = [torch.randn(s, generator=gen) for s in shapes]
+        xn = [x.to("neuron") for x in xs]
+        t = time_interleaved({"cpu": lambda: fn(*xs), "neuron": lambda: fn(*xn)}, repeats=args.repeats, inner=1)
+        exact = fn(*[x.double() for x in xs])
+        errors = _error(fn(*xn).cpu(), exact), _error(fn(*xs), exact)
+        rows.append((name, t, errors))
+        print(f"{name}: neuron {t['neuron'] * 1e3:.3f} ms, CPU {t['cpu'] * 1e3:.3f} ms "
+              f"({t['neuron'] / t['cpu']:.2f}x); error from float64 {errors[0]:.2e} vs CPU {errors[1]:.2e} "
+              f"({errors[0] / errors[1]:.2f}x)", flush=True)
+    lines = [
+        f"## Long sums and products ({args.section})", "",
+        f"Command: `{command_line()}`  ", f"Machine: {machine()}", "",
+        "Op mode, compiled; error: mean absolute distance from the float64 answer (inputs standard normal).", "",
+        "| case | neuron ms | CPU ms | time ratio | neuron error | CPU error | error ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, t, (mine, cpus) in rows:
+        lines.append(f"| {name} | {t['neuron'] * 1e3:.3f} | {t['cpu'] * 1e3:.3f} | {t['neuron'] / t['cpu']:.2f}x "
+                     f"| {mine:.2e} | {cpus:.2e} | {mine / cpus:.2f}x |")
+    print("\n".join(lines))
+    if args.write:
+        write_section(args.write, args.section, "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
