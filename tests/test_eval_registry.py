@@ -300,3 +300,36 @@ def test_copy_from_and_masked_index_put_get_a_cpu_answer():
     (cpu_args, _), (dev_args, _) = unit.build_arguments(put, 0, "aten._index_put_impl_.default")
     assert int(cpu_args[1][0].sum()) == 57 and torch.equal(dev_args[1][0].cpu(), cpu_args[1][0])
     assert unit.run_case("aten._index_put_impl_.default", json.dumps(put)).status == "pass"
+
+
+def test_fused_lstm_cell_signatures_get_a_cpu_answer():
+    """_thnn_fused_lstm_cell and its backward have CUDA kernels only: their
+    CPU answers come from CPU's lstm_cell and its autograd (12 of encodec's
+    signatures were invalid). The answers agree with the formulas of CUDA's
+    kernels the lowering uses, and a backward's state is made consistent."""
+    from torchneuron.eval import rnn_references
+    from torchneuron.lowering import rnn_cells
+
+    gen = torch.Generator().manual_seed(0)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    ig, hg, cx, b1, b2 = r(3, 64), r(3, 64), r(3, 16), r(64), r(64)
+    forward = rnn_references.fused_lstm_cell(ig, hg, cx, b1, b2)
+    for mine, kernels in zip(forward, rnn_cells.fused_lstm_cell(ig, hg, cx, b1, b2)):
+        torch.testing.assert_close(mine, kernels)
+    grads = (r(3, 16), r(3, 16), cx, forward[1], forward[2], True)
+    for mine, kernels in zip(rnn_references.fused_lstm_cell_backward(*grads), rnn_cells.fused_lstm_cell_backward(*grads)):
+        torch.testing.assert_close(mine, kernels, rtol=1e-4, atol=1e-5)
+
+    def t(size, offset=0):
+        return {"T": "float32", "dev": "neuron", "offset": offset, "size": size, "stride": [size[-1], 1][-len(size):]}
+
+    cases = [
+        ("aten._thnn_fused_lstm_cell.default", {"args": [t([2, 64]), t([2, 64]), t([2, 16], 32), t([64]), t([64])], "kwargs": {}}),
+        ("aten._thnn_fused_lstm_cell_backward_impl.default",
+         {"args": [t([2, 16]), t([2, 16]), t([2, 16], 32), t([2, 16]), t([2, 64]), True], "kwargs": {}}),
+    ]
+    results = unit.run_cases([(op, json.dumps(sig), 1, ["encodec"]) for op, sig in cases])
+    assert [r.status for r in results] == ["pass", "pass"], [r.detail for r in results]

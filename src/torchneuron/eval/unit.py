@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import argument_checks, registry
+from . import argument_checks, registry, rnn_references
 
 # (rtol, atol) by dtype; reductions over recorded (real) sizes need more than
 # elementwise ops, so these are a little wider than PyTorch's defaults.
@@ -114,6 +114,8 @@ def build_arguments(sig: dict, seed: int = 0, op_name: str | None = None) -> tup
     positions = _MASK_FITS_VALUES.get(op_name)
     if positions is not None and max(positions) < len(cpu[0]):
         _fit_mask_to_values(cpu[0], dev[0], *positions, seed)
+    if op_name == "aten._thnn_fused_lstm_cell_backward_impl.default" and len(cpu[0]) >= 5:
+        rnn_references.make_state_consistent(cpu[0], dev[0])
     position = _GROUP_ENDS.get(op_name)
     if position is not None and position < len(cpu[0]) and isinstance(cpu[0][position], torch.Tensor):
         ends = cpu[0][position].sort(-1).values
@@ -347,7 +349,12 @@ def _grouped_mm_float64(a, b, offs=None, bias=None, out_dtype=None):
 
 # Ops with no CPU kernel at all, and what computes CPU's answer: _copy_from
 # is the copy between backends that copy_ hands a new backend.
-_CPU_REFERENCE = {"aten._copy_from.default": lambda self, dst, non_blocking=False: dst.copy_(self)}
+_CPU_REFERENCE = {
+    "aten._copy_from.default": lambda self, dst, non_blocking=False: dst.copy_(self),
+    # CUDA-only kernels: answered by CPU's lstm_cell and its autograd.
+    "aten._thnn_fused_lstm_cell.default": rnn_references.fused_lstm_cell,
+    "aten._thnn_fused_lstm_cell_backward_impl.default": rnn_references.fused_lstm_cell_backward,
+}
 
 # Ops with no float64 kernel on CPU, and how their float64 answer is computed.
 _FLOAT64_REFERENCE = {"aten._grouped_mm.default": _grouped_mm_float64}
