@@ -48,7 +48,7 @@ def fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
 def make_state_consistent(cpu_args, dev_args) -> None:
     """A backward's (cx, cy, workspace) as one forward leaves them: the
     workspace activated gates, cy = f * cx + i * g (random ones are not)."""
-    cx, cy, workspace = cpu_args[2:5]
+    cx, workspace = cpu_args[2], cpu_args[4]
     settled = activations(workspace)
     i, f, g, _ = settled.chunk(4, 1)
     for args in (cpu_args, dev_args):

@@ -51,7 +51,7 @@ def mm(a, b):
     if not _splits(a, b):
         return NotImplemented
     (m, k), n = a.shape, b.shape[1]
-    return _blocked(aten.reshape.default(a, [1, m, k]), aten.reshape.default(b, [1, k, n]), _blocks(k, m * n), mm=True)
+    return _blocked(aten.reshape.default(a, [1, m, k]), aten.reshape.default(b, [1, k, n]), _blocks(k, m * n), matrix=True)
 
 
 def bmm(a, b):
@@ -61,11 +61,11 @@ def bmm(a, b):
     return _blocked(a, b, _blocks(k, batch * m * n))
 
 
-def _blocked(a, b, count: int, mm: bool = False):
+def _blocked(a, b, count: int, matrix: bool = False):
     """a @ b for [batch, m, k] @ [batch, k, n] as `count` blocks of k in one
-    batched product, summed, plus the rows of k left over. The blocks are
-    views of the operands (padding k to whole blocks would copy them: a
-    [4, 3145, 3145] operand made a bmm 1.6x slower)."""
+    batched product, summed, plus the rows of k left over (padding k to
+    whole blocks would copy both operands: a [4, 3145, 3145] one made a bmm
+    1.6x slower). `matrix`: return [m, n] (mm's operands came as a batch of 1)."""
     if count < FEWEST:
         return NotImplemented
     (batch, m, k), n = a.shape, b.shape[2]
@@ -82,7 +82,7 @@ def _blocked(a, b, count: int, mm: bool = False):
     if whole < k:
         total = aten.add.Tensor(total, aten.bmm.default(aten.slice.Tensor(a, 2, whole, k),
                                                         aten.slice.Tensor(b, 1, whole, k)))
-    return aten.reshape.default(total, [m, n]) if mm else total
+    return aten.reshape.default(total, [m, n]) if matrix else total
 
 
 def rules() -> dict:
