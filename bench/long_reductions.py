@@ -1,9 +1,10 @@
-"""Long sums and long matrix products on neuron vs CPU eager: time, and each
-one's distance from the float64 answer, side by side in one run
-(lowering/long_sums.py, lowering/split_k.py).
+"""Long sums, matrix products and convolutions on neuron vs CPU eager: time,
+and each one's distance from the float64 answer, side by side in one run
+(lowering/long_sums.py, lowering/split_k.py, lowering/long_convolutions.py).
 
-    python bench/long_reductions.py [--repeats 7] [--write docs/benchmarks.md]
+    python bench/long_reductions.py [--repeats 7] [--only conv] [--write docs/benchmarks.md]
 
+"first call" is the first neuron call's time with an empty cache (its compile).
 Each case runs as a compiled op (op mode, waiting for its compile). Run it
 with PYTHONPATH pointing at an older checkout (and --section) to measure that
 checkout's lowering with the same script.
@@ -15,6 +16,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("TORCHNEURON_CACHE_DIR", tempfile.mkdtemp(prefix="tn-bench-"))
@@ -26,6 +28,17 @@ import torchneuron  # noqa: E402
 
 torchneuron.set_eager_mode("op")
 torchneuron.config.set(compile_wait=True)
+
+F = torch.nn.functional
+
+
+def _conv_backward(stride, padding, mask, part):
+    def backward(grad, x, weight):
+        return torch.ops.aten.convolution_backward(grad, x, weight, [weight.shape[0]], stride, padding,
+                                                   [1] * len(stride), False, [0] * len(stride), 1, mask)[part]
+
+    return backward
+
 
 CASES = [  # (name, function, input shapes)
     ("row sums [32, 65536]", lambda x: x.sum(-1), [(32, 65536)]),
@@ -39,6 +52,19 @@ CASES = [  # (name, function, input shapes)
     ("mm [512, 8192] @ [8192, 512]", torch.mm, [(512, 8192), (8192, 512)]),
     ("mm [1024, 4096] @ [4096, 1024] (left whole)", torch.mm, [(1024, 4096), (4096, 1024)]),
     ("bmm [4, 16, 3145] @ [4, 3145, 3145]", torch.bmm, [(4, 16, 3145), (4, 3145, 3145)]),
+    ("conv1d [2, 256, 320] * [256, 256, 11], dilation 3 (vits)",
+     lambda x, w: F.conv1d(x, w, padding=15, dilation=3), [(2, 256, 320), (256, 256, 11)]),
+    ("conv2d [2, 512, 20, 20] * [512, 512, 3, 3] (textnet)",
+     lambda x, w: F.conv2d(x, w, padding=1), [(2, 512, 20, 20), (512, 512, 3, 3)]),
+    ("conv2d [2, 3328, 4, 16] * [1024, 3328, 1, 1] (pp_ocrv5)", F.conv2d, [(2, 3328, 4, 16), (1024, 3328, 1, 1)]),
+    ("conv2d [8, 64, 56, 56] * [64, 64, 3, 3] (left whole)",
+     lambda x, w: F.conv2d(x, w, padding=1), [(8, 64, 56, 56), (64, 64, 3, 3)]),
+    ("conv backward, weight of [128, 64, 1, 3] over 2x80x80 (textnet)",
+     _conv_backward([2, 2], [0, 1], [False, True, False], 1), [(2, 128, 80, 80), (2, 64, 160, 160), (128, 64, 1, 3)]),
+    ("conv backward, input of [1536, 32, 3] (fastspeech2)",
+     _conv_backward([1], [1], [True, False, False], 0), [(2, 1536, 11), (2, 32, 11), (1536, 32, 3)]),
+    ("conv backward, all of [64, 64, 3, 3] over 8x56x56 (weight's error)",
+     _conv_backward([1, 1], [1, 1], [True, True, True], 1), [(8, 64, 56, 56), (8, 64, 56, 56), (64, 64, 3, 3)]),
 ]
 
 
@@ -51,28 +77,34 @@ def main() -> None:
     parser.add_argument("--write", help="update this markdown file's section")
     parser.add_argument("--section", default="long_reductions")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--only", help="the cases whose name holds this text")
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)
     rows = []
     for name, fn, shapes in CASES:
+        if args.only and args.only not in name:
+            continue
         xs = [torch.randn(s, generator=gen) for s in shapes]
         xn = [x.to("neuron") for x in xs]
+        start = time.perf_counter()
+        fn(*xn).cpu()
+        first = time.perf_counter() - start
         t = time_interleaved({"cpu": lambda: fn(*xs), "neuron": lambda: fn(*xn)}, repeats=args.repeats, inner=1)
         exact = fn(*[x.double() for x in xs])
         errors = _error(fn(*xn).cpu(), exact), _error(fn(*xs), exact)
-        rows.append((name, t, errors))
-        print(f"{name}: neuron {t['neuron'] * 1e3:.3f} ms, CPU {t['cpu'] * 1e3:.3f} ms "
+        rows.append((name, t, errors, first))
+        print(f"{name}: first call {first:.1f} s; neuron {t['neuron'] * 1e3:.3f} ms, CPU {t['cpu'] * 1e3:.3f} ms "
               f"({t['neuron'] / t['cpu']:.2f}x); error from float64 {errors[0]:.2e} vs CPU {errors[1]:.2e} "
               f"({errors[0] / errors[1]:.2f}x)", flush=True)
     lines = [
-        f"## Long sums and products ({args.section})", "",
+        f"## Long sums, products and convolutions ({args.section})", "",
         f"Command: `{command_line()}`  ", f"Machine: {machine()}", "",
         "Op mode, compiled; error: mean absolute distance from the float64 answer (inputs standard normal).", "",
-        "| case | neuron ms | CPU ms | time ratio | neuron error | CPU error | error ratio |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| case | first call s | neuron ms | CPU ms | time ratio | neuron error | CPU error | error ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, t, (mine, cpus) in rows:
-        lines.append(f"| {name} | {t['neuron'] * 1e3:.3f} | {t['cpu'] * 1e3:.3f} | {t['neuron'] / t['cpu']:.2f}x "
+    for name, t, (mine, cpus), first in rows:
+        lines.append(f"| {name} | {first:.1f} | {t['neuron'] * 1e3:.3f} | {t['cpu'] * 1e3:.3f} | {t['neuron'] / t['cpu']:.2f}x "
                      f"| {mine:.2e} | {cpus:.2e} | {mine / cpus:.2f}x |")
     print("\n".join(lines))
     if args.write:

@@ -10,7 +10,7 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
-from . import amp, linalg, long_sums, rnn_cells, softmax_rows, special, split_k, tensor_ops
+from . import amp, linalg, long_convolutions, long_sums, rnn_cells, softmax_rows, special, split_k, tensor_ops
 
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -299,6 +299,7 @@ def decomposition_table() -> dict:
         table[op] = softmax_rows.rows_in_groups(table[op])
     table[torch.ops.aten.gelu.default] = _gelu_tanh
     table.update(split_k.rules())
+    table.update(long_convolutions.rules())
     table[torch.ops.aten.index_put.default] = tensor_ops.index_put_by_mask  # graphs' boolean masks
     table.update(own_decompositions())
     for op in _pointwise_float_ops():
