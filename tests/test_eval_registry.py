@@ -333,3 +333,26 @@ def test_fused_lstm_cell_signatures_get_a_cpu_answer():
     ]
     results = unit.run_cases([(op, json.dumps(sig), 1, ["encodec"]) for op, sig in cases])
     assert [r.status for r in results] == ["pass", "pass"], [r.detail for r in results]
+
+
+def test_generic_convolution_slots_get_a_cpu_answer():
+    """convolution_overrideable and convolution_backward_overrideable (what
+    PyTorch calls on a backend without a kernel of its own; recorded from
+    xcodec) have no CPU kernel: their answers are the convolution's."""
+
+    def t(size):
+        stride = [1] * len(size)
+        for i in range(len(size) - 2, -1, -1):
+            stride[i] = stride[i + 1] * size[i + 1]
+        return {"T": "float32", "dev": "neuron", "offset": 0, "size": size, "stride": stride}
+
+    cases = [
+        ("aten.convolution_backward_overrideable.default",
+         {"args": [t([2, 8, 1, 200]), t([2, 16, 1, 40]), t([16, 8, 1, 10]), {"L": [1, 5]}, {"L": [0, 3]},
+                   {"L": [1, 1]}, True, {"L": [0, 1]}, 1, {"L": [True, True, True]}], "kwargs": {}}),
+        ("aten.convolution_overrideable.default",
+         {"args": [t([2, 3, 8, 8]), t([4, 3, 3, 3]), t([4]), {"L": [2, 2]}, {"L": [1, 1]}, {"L": [1, 1]}, False,
+                   {"L": [0, 0]}, 1], "kwargs": {}}),
+    ]
+    results = unit.run_cases([(op, json.dumps(sig), 1, ["xcodec"]) for op, sig in cases])
+    assert [r.status for r in results] == ["pass", "pass"], [r.detail for r in results]

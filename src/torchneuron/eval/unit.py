@@ -349,8 +349,19 @@ def _grouped_mm_float64(a, b, offs=None, bias=None, out_dtype=None):
 
 # Ops with no CPU kernel at all, and what computes CPU's answer: _copy_from
 # is the copy between backends that copy_ hands a new backend.
+def _convolution_backward_overrideable(grad, x, weight, stride, padding, dilation, transposed, output_padding, groups,
+                                       output_mask):
+    bias_sizes = [weight.shape[1] * groups if transposed else weight.shape[0]]
+    return torch.ops.aten.convolution_backward.default(grad, x, weight, bias_sizes, stride, padding, dilation,
+                                                       transposed, output_padding, groups, output_mask)
+
+
 _CPU_REFERENCE = {
     "aten._copy_from.default": lambda self, dst, non_blocking=False: dst.copy_(self),
+    # The generic slots a backend fills when it has no kernel of its own (CPU
+    # has none there): answered by the convolution they stand for.
+    "aten.convolution_overrideable.default": torch.ops.aten.convolution.default,
+    "aten.convolution_backward_overrideable.default": _convolution_backward_overrideable,
     # CUDA-only kernels: answered by CPU's lstm_cell and its autograd.
     "aten._thnn_fused_lstm_cell.default": rnn_references.fused_lstm_cell,
     "aten._thnn_fused_lstm_cell_backward_impl.default": rnn_references.fused_lstm_cell_backward,

@@ -23,6 +23,19 @@ def _foreach_decomposition(op):
     return decompose
 
 
+def _first_of(*rules):
+    """The first of `rules` that does not return NotImplemented."""
+
+    def decompose(*args, **kwargs):
+        for rule in rules:
+            result = rule(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        return NotImplemented
+
+    return decompose
+
+
 def _squeeze_dims(x, dims):
     # torch-mlir has no squeeze.dims; shapes are static, so it is a reshape.
     dims = {d % x.dim() for d in dims} if x.dim() else set()
@@ -300,6 +313,8 @@ def decomposition_table() -> dict:
     table[torch.ops.aten.gelu.default] = _gelu_tanh
     table.update(split_k.rules())
     table.update(long_convolutions.rules())
+    table[torch.ops.aten.convolution_backward.default] = _first_of(
+        tensor_ops.transposed_convolution_backward, table[torch.ops.aten.convolution_backward.default])
     table[torch.ops.aten.index_put.default] = tensor_ops.index_put_by_mask  # graphs' boolean masks
     table.update(own_decompositions())
     for op in _pointwise_float_ops():
