@@ -157,39 +157,6 @@ def test_strided_convolution_whose_windows_stop_short_compiles(size, kernel, pad
         torch.testing.assert_close(got.grad.cpu(), want.grad, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.op_mode
-@pytest.mark.parametrize("case", ["2-d stride 2", "1-d stride 3 output padding 2", "grouped padded",
-                                  "xcodec upsampling"])
-def test_transposed_convolution_backward_compiles(case):
-    """torch-mlir does not lower a transposed convolution's backward (it ran
-    on the host); it is plain convolutions and a sum, forward and backward
-    compared with CPU, inputs unchanged."""
-    F = torch.nn.functional
-    x_shape, w_shape, kwargs = {
-        "2-d stride 2": ((2, 32, 8, 8), (32, 16, 2, 2), dict(stride=2)),
-        "1-d stride 3 output padding 2": ((2, 4, 5), (4, 6, 3), dict(stride=3, padding=1, output_padding=2)),
-        "grouped padded": ((2, 8, 8, 8), (8, 4, 3, 3), dict(stride=2, padding=1, output_padding=1, groups=2)),
-        "xcodec upsampling": ((2, 16, 1, 40), (16, 8, 1, 10), dict(stride=(1, 5), padding=(0, 3),
-                                                                    output_padding=(0, 1))),
-    }[case]
-    gen = torch.Generator().manual_seed(0)
-    x, w, b = torch.randn(x_shape, generator=gen), torch.randn(w_shape, generator=gen), torch.randn(
-        w_shape[1] * kwargs.get("groups", 1), generator=gen)
-    conv = F.conv_transpose1d if len(x_shape) == 3 else F.conv_transpose2d
-    leaves = [t.neuron().requires_grad_() for t in (x, w, b)]
-    before = torchneuron.fallback_ops()
-    out = conv(*leaves, **kwargs)
-    out.square().sum().backward()
-    assert torchneuron.fallback_ops() == before
-    cpu = [t.clone().requires_grad_() for t in (x, w, b)]
-    expected = conv(*cpu, **kwargs)
-    expected.square().sum().backward()
-    torch.testing.assert_close(out.detach().cpu(), expected.detach(), rtol=1e-4, atol=1e-4)
-    for got, want, original in zip(leaves, cpu, (x, w, b)):
-        torch.testing.assert_close(got.grad.cpu(), want.grad, rtol=1e-4, atol=1e-4)
-        assert torch.equal(got.detach().cpu(), original)
-
-
 def test_convolution_backward_overrideable_runs_as_convolution_backward():
     # PyTorch's generic convolution_backward calls this on backends without a
     # kernel of their own; CPU has none for it, so it must not reach the host as is.

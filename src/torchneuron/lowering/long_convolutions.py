@@ -1,4 +1,4 @@
-"""Long convolution reductions in blocks: forward and backward.
+"""Long convolution reductions in blocks of input channels.
 
 A convolution sums each output element over its input channels times its
 window (C_in x kernel elements), and IREE's llvm-cpu codegen accumulates that
@@ -13,13 +13,8 @@ convolution (weight reordered so that each group makes every output channel)
 it was as accurate but IREE ran it about 20x slower (a [512, 512, 3, 3]
 one: 740 ms against 31-34 ms whole); the slices ran as fast as the whole one.
 
-The backward pass has two more: the input's gradient sums over output
-channels times the window (in blocks of output channels, the same way), and
-the weight's and bias's gradients sum over the batch times every output
-position (12800 in a textnet layer: 2.8x CPU's mean error). The weight's gradient
-is computed over blocks of output rows, each with the rows of the input its
-windows read. (The bias's gradient stays in the whole op: summed apart, by
-long_sums.py, it made a [8, 64, 56, 56] backward 20% slower.)
+A convolution's backward is plain convolutions and batched products
+(convolution_backward.py), which this rule and split_k.py block in turn.
 
 Non-transposed, ungrouped float32/float64 convolutions of static shape only.
 """
@@ -75,73 +70,5 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     return total
 
 
-def convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
-                         output_mask):
-    op = aten.convolution_backward.default
-    if not _plain(transposed, groups, grad, x, weight):
-        return NotImplemented
-    positions = math.prod(grad.shape) // grad.shape[1]
-    window = math.prod(weight.shape[2:])
-    long_input = output_mask[0] and weight.shape[0] * window > LONG and _count(weight.shape[0], window) > 1
-    long_weight = output_mask[1] and positions > LONG and _row_blocks(grad) is not None
-    if not (long_input or long_weight):
-        return NotImplemented
-    rest = [output_mask[0] and not long_input, output_mask[1] and not long_weight, output_mask[2]]
-    grads = list(op(grad, x, weight, bias_sizes, stride, padding, dilation, False, output_padding, 1, rest)
-                 if any(rest) else (None, None, None))
-    if long_input:
-        grads[0] = _input_grad_in_blocks(grad, x, weight, stride, padding, dilation, output_padding)
-    if long_weight:
-        grads[1] = _weight_grad_in_blocks(grad, x, weight, stride, padding, dilation, output_padding)
-    return tuple(grads)
-
-
-def _input_grad_in_blocks(grad, x, weight, stride, padding, dilation, output_padding):
-    outputs = weight.shape[0]
-    size = outputs // _count(outputs, math.prod(weight.shape[2:]))
-    total = None
-    for start in range(0, outputs, size):
-        part = aten.convolution_backward.default(
-            aten.slice.Tensor(grad, 1, start, start + size), x, aten.slice.Tensor(weight, 0, start, start + size),
-            None, stride, padding, dilation, False, output_padding, 1, [True, False, False])[0]
-        total = part if total is None else aten.add.Tensor(total, part)
-    return total
-
-
-def _row_blocks(grad):
-    """Output rows (the first spatial dimension) per block of the weight's
-    gradient, about BLOCK positions each and at most MOST blocks; None when
-    that leaves fewer than two."""
-    if grad.dim() < 3:
-        return None
-    rows = grad.shape[2]
-    per_row = grad.shape[0] * math.prod(grad.shape[3:])
-    size = max(-(-BLOCK // per_row), -(-rows // MOST))
-    return size if size < rows else None
-
-
-def _weight_grad_in_blocks(grad, x, weight, stride, padding, dilation, output_padding):
-    n = weight.dim() - 2
-
-    def per_dim(values):
-        values = list(values)
-        return values * n if len(values) == 1 else values
-
-    stride, padding, dilation = per_dim(stride), per_dim(padding), per_dim(dilation)
-    # The input padded along the rows, so that each block reads a plain slice.
-    padded = aten.constant_pad_nd.default(x, [0, 0] * (n - 1) + [padding[0], padding[0]], 0.0)
-    reach = dilation[0] * (weight.shape[2] - 1) + 1
-    size, rows = _row_blocks(grad), grad.shape[2]
-    total = None
-    for start in range(0, rows, size):
-        stop = min(rows, start + size)
-        part = aten.convolution_backward.default(
-            aten.slice.Tensor(grad, 2, start, stop),
-            aten.slice.Tensor(padded, 2, start * stride[0], (stop - 1) * stride[0] + reach), weight, None,
-            stride, [0] + padding[1:], dilation, False, output_padding, 1, [False, True, False])[1]
-        total = part if total is None else aten.add.Tensor(total, part)
-    return total
-
-
 def rules() -> dict:
-    return {aten.convolution.default: convolution, aten.convolution_backward.default: convolution_backward}
+    return {aten.convolution.default: convolution}

@@ -308,32 +308,6 @@ def _convolution_backward_exact_extent(grad, x, weight, bias_sizes, stride, padd
     return grad_input, grad_weight, grad_bias
 
 
-def transposed_convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
-                                    output_padding, groups, output_mask):
-    """torch-mlir does not lower a transposed convolution's backward (xcodec's
-    and other decoders' upsampling ran on the host). Its input's gradient is
-    the plain convolution of the gradient with the same weight; its weight's
-    gradient is that plain convolution's weight gradient with the gradient
-    as the input and the input as the gradient; its bias's is a sum."""
-    if not transposed:
-        return NotImplemented
-    n = x.dim() - 2
-    strides = list(stride) * n if len(stride) == 1 else list(stride)
-    extra = list(output_padding) * n if len(output_padding) == 1 else list(output_padding)
-    if any(p >= s for p, s in zip(extra, strides)):
-        return NotImplemented  # the plain convolution would have more positions than the input
-    plain = [0] * n
-    grad_input = grad_weight = grad_bias = None
-    if output_mask[0]:
-        grad_input = _convolution_exact_extent(grad, weight, None, stride, padding, dilation, False, plain, groups)
-    if output_mask[1]:
-        grad_weight = _convolution_backward_exact_extent(x, grad, weight, None, stride, padding, dilation, False, plain,
-                                                         groups, [False, True, False])[1]
-    if output_mask[2]:
-        grad_bias = aten.sum.dim_IntList(grad, [0] + list(range(2, grad.dim())), False)
-    return grad_input, grad_weight, grad_bias
-
-
 def direct_rewrites() -> dict:
     return {
         aten.convolution.default: _convolution_exact_extent,
