@@ -356,3 +356,16 @@ def test_generic_convolution_slots_get_a_cpu_answer():
     ]
     results = unit.run_cases([(op, json.dumps(sig), 1, ["xcodec"]) for op, sig in cases])
     assert [r.status for r in results] == ["pass", "pass"], [r.detail for r in results]
+
+
+def test_argument_snapshots_take_one_element_tensors_of_any_stride():
+    """A one-element tensor counts as contiguous whatever its stride (a
+    registry signature's int64 [1] with stride 3 ended the whole-registry run
+    when its bytes were viewed); a change to it is still found."""
+    from torchneuron.eval import argument_checks
+
+    t = torch.empty_strided((1,), (3,), dtype=torch.int64).fill_(7)
+    before = argument_checks.snapshot([t])
+    assert argument_checks.changed([t], before) == []
+    t.fill_(8)
+    assert argument_checks.changed([t], before) == [0]

@@ -40,7 +40,9 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
         t = torch._neg_view(t)
     if t.device.type != "cpu":
         t = t.cpu()
-    return t.contiguous().reshape(-1).view(torch.uint8).clone()
+    # A one-element tensor counts as contiguous whatever its stride, which a
+    # byte view rejects: a copy in the contiguous format has stride 1.
+    return t.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8)
 
 
 def snapshot(tensors: list) -> list:
