@@ -1,6 +1,7 @@
 """Long sums, matrix products and convolutions on neuron vs CPU eager: time,
 and each one's distance from the float64 answer, side by side in one run
-(lowering/long_sums.py, lowering/split_k.py, lowering/long_convolutions.py).
+(lowering/long_sums.py, split_k.py, long_convolutions.py, convolution_products.py,
+convolution_backward.py).
 
     python bench/long_reductions.py [--repeats 7] [--only conv] [--write docs/benchmarks.md]
 
@@ -57,6 +58,8 @@ CASES = [  # (name, function, input shapes)
     ("conv2d [2, 512, 20, 20] * [512, 512, 3, 3] (textnet)",
      lambda x, w: F.conv2d(x, w, padding=1), [(2, 512, 20, 20), (512, 512, 3, 3)]),
     ("conv2d [2, 3328, 4, 16] * [1024, 3328, 1, 1] (pp_ocrv5)", F.conv2d, [(2, 3328, 4, 16), (1024, 3328, 1, 1)]),
+    ("conv1d [8, 512, 200] * [512, 512, 3]", lambda x, w: F.conv1d(x, w, padding=1), [(8, 512, 200), (512, 512, 3)]),
+    ("conv2d [8, 256, 56, 56] * [64, 256, 1, 1]", F.conv2d, [(8, 256, 56, 56), (64, 256, 1, 1)]),
     ("conv2d [8, 64, 56, 56] * [64, 64, 3, 3] (left whole)",
      lambda x, w: F.conv2d(x, w, padding=1), [(8, 64, 56, 56), (64, 64, 3, 3)]),
     ("conv backward, weight of [128, 64, 1, 3] over 2x80x80 (textnet)",

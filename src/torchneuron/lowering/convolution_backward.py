@@ -25,15 +25,9 @@ import math
 
 import torch
 
+from .windows import LIMIT, per_dim, windows
+
 aten = torch.ops.aten
-
-WINDOWS = 1 << 26  # elements of the gathered windows (256 MiB of float32); larger keep the whole op
-
-
-def _per_dim(values, n: int) -> list:
-    values = list(values)
-    return values * n if len(values) == 1 else values
-
 
 def _supported(*tensors) -> bool:
     return (tensors[0].dtype in (torch.float32, torch.float64) and all(t.dtype == tensors[0].dtype for t in tensors)
@@ -45,9 +39,9 @@ def convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation,
     if not _supported(grad, x, weight):
         return NotImplemented
     n = x.dim() - 2
-    stride, padding, dilation = _per_dim(stride, n), _per_dim(padding, n), _per_dim(dilation, n)
+    stride, padding, dilation = per_dim(stride, n), per_dim(padding, n), per_dim(dilation, n)
     if transposed:
-        grads = _transposed(grad, x, weight, stride, padding, dilation, _per_dim(output_padding, n), groups,
+        grads = _transposed(grad, x, weight, stride, padding, dilation, per_dim(output_padding, n), groups,
                             output_mask)
     else:
         grads = [
@@ -112,40 +106,14 @@ def _spread(grad, stride):
     return grad
 
 
-def _windows(x, kernel, stride, padding, dilation, out_sizes):
-    """x's windows, [N, C, K, P]: one strided slice of the padded input per
-    kernel offset."""
-    n = len(kernel)
-    pads = []
-    for i in reversed(range(n)):
-        pads += [padding[i], padding[i]]
-    padded = aten.constant_pad_nd.default(x, pads, 0.0) if any(padding) else x
-    slices = []
-    for offset in _offsets(kernel):
-        part = padded
-        for i in range(n):
-            start = offset[i] * dilation[i]
-            part = aten.slice.Tensor(part, 2 + i, start, start + (out_sizes[i] - 1) * stride[i] + 1, stride[i])
-        slices.append(part)
-    stacked = aten.stack.default(slices, 2)
-    return aten.reshape.default(stacked, [x.shape[0], x.shape[1], len(slices), math.prod(out_sizes)])
-
-
-def _offsets(kernel):
-    offsets = [[]]
-    for k in kernel:
-        offsets = [o + [j] for o in offsets for j in range(k)]
-    return offsets
-
-
 def _weight_grad(grad, x, weight_shape, stride, padding, dilation, groups):
     kernel = list(weight_shape[2:])
     out_sizes = list(grad.shape[2:])
     batch, channels, window, positions = x.shape[0], x.shape[1], math.prod(kernel), math.prod(out_sizes)
-    if batch * channels * window * positions > WINDOWS:
+    if batch * channels * window * positions > LIMIT:
         return NotImplemented
     outputs = weight_shape[0]
-    cols = _windows(x, kernel, stride, padding, dilation, out_sizes)  # [N, C, K, P]
+    cols = windows(x, kernel, stride, padding, dilation, out_sizes)  # [N, C, K, P]
     # per sample and group: [O/g, P] @ [P, C/g * K], summed over the samples
     cols = aten.reshape.default(cols, [batch * groups, channels // groups * window, positions])
     rows = aten.reshape.default(grad, [batch * groups, outputs // groups, positions])

@@ -10,7 +10,8 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
-from . import amp, convolution_backward, linalg, long_convolutions, long_sums, rnn_cells, softmax_rows, special, split_k, tensor_ops
+from . import (amp, convolution_backward, convolution_products, linalg, long_convolutions, long_sums, rnn_cells,
+               softmax_rows, special, split_k, tensor_ops)
 
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -19,6 +20,19 @@ def _foreach_decomposition(op):
     def decompose(*args, **kwargs):
         # The CPU slot of a _foreach_ op holds its per-tensor composite kernel.
         return op.redispatch(_PER_TENSOR, *args, **kwargs)
+
+    return decompose
+
+
+def _first_of(*rules):
+    """The first of `rules` that does not return NotImplemented."""
+
+    def decompose(*args, **kwargs):
+        for rule in rules:
+            result = rule(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        return NotImplemented
 
     return decompose
 
@@ -299,7 +313,8 @@ def decomposition_table() -> dict:
         table[op] = softmax_rows.rows_in_groups(table[op])
     table[torch.ops.aten.gelu.default] = _gelu_tanh
     table.update(split_k.rules())
-    table.update(long_convolutions.rules())
+    table[torch.ops.aten.convolution.default] = _first_of(convolution_products.convolution,
+                                                          long_convolutions.convolution)
     table.update(convolution_backward.rules())
     table[torch.ops.aten.index_put.default] = tensor_ops.index_put_by_mask  # graphs' boolean masks
     table.update(own_decompositions())

@@ -68,7 +68,3 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     if bias is not None:
         total = aten.add.Tensor(total, aten.reshape.default(bias, [1, weight.shape[0]] + [1] * (weight.dim() - 2)))
     return total
-
-
-def rules() -> dict:
-    return {aten.convolution.default: convolution}

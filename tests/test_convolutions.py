@@ -1,8 +1,10 @@
-"""A convolution's backward as plain convolutions and batched products
-(lowering/convolution_backward.py): every gradient against CPU's, for plain
-and transposed convolutions with strides, padding (also wider than the
-kernel's reach), dilation, groups and output padding; nothing runs on the
-host, and the inputs are left as they were."""
+"""Convolutions as the lowering rewrites them: 1-D and 1x1 ones as batched
+products (lowering/convolution_products.py), and every convolution's
+backward as plain convolutions and batched products
+(lowering/convolution_backward.py). Each against CPU's, for plain and
+transposed convolutions with strides, padding (also wider than the kernel's
+reach), dilation, groups and output padding; nothing runs on the host, and
+the inputs are left as they were."""
 
 import pytest
 import torch
@@ -38,6 +40,33 @@ def _case(spec, transposed):
     params = ([stride] * dims, [padding] * dims, [dilation] * dims, transposed, [extra] * dims, groups)
     grad = torch.randn(aten.convolution(x, w, None, *params).shape, generator=gen)
     return grad, x, w, cout, params
+
+
+PRODUCTS = {  # (input shape, weight shape, keyword arguments)
+    "1-d with bias": ((2, 16, 40), (8, 16, 5), dict(padding=2)),
+    "1-d dilated strided": ((2, 16, 41), (8, 16, 11), dict(padding=15, dilation=3, stride=2)),
+    "1-d windows stop short": ((3, 4, 10), (6, 4, 3), dict(stride=4)),
+    "1x1": ((2, 64, 6, 10), (32, 64, 1, 1), {}),
+    "1x1 strided padded": ((2, 8, 7, 9), (4, 8, 1, 1), dict(stride=2, padding=1)),
+    "1x1x1": ((1, 8, 3, 4, 5), (4, 8, 1, 1, 1), {}),
+}
+
+
+@pytest.mark.op_mode
+@pytest.mark.parametrize("name", list(PRODUCTS))
+def test_convolutions_as_products_match_cpu(name):
+    x_shape, w_shape, kwargs = PRODUCTS[name]
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(x_shape, generator=gen), torch.randn(w_shape, generator=gen), torch.randn(
+        w_shape[0], generator=gen)
+    conv = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}[len(x_shape)]
+    before = torchneuron.fallback_ops()
+    inputs = [t.neuron() for t in (x, w, b)]
+    got = conv(*inputs, **kwargs)
+    torch.testing.assert_close(got.cpu(), conv(x, w, b, **kwargs), rtol=1e-4, atol=1e-4)
+    for device, original in zip(inputs, (x, w, b)):
+        assert torch.equal(device.cpu(), original)
+    assert torchneuron.fallback_ops() == before
 
 
 @pytest.mark.op_mode
