@@ -117,3 +117,27 @@ def test_transposed_convolution_trains_on_the_device(case):
     for got, want, original in zip(leaves, cpu, (x, w, b)):
         torch.testing.assert_close(got.grad.cpu(), want.grad, rtol=1e-4, atol=1e-4)
         assert torch.equal(got.detach().cpu(), original)
+
+
+@pytest.mark.op_mode
+@pytest.mark.parametrize("dim", [0, 2])
+def test_weight_normed_convolution_trains_on_the_device(dim):
+    """_weight_norm_interface's backward has CPU and CUDA kernels only (encodec's
+    weight-normed convolutions ran it on the host): it is decomposed, and the
+    gradients of v and g match CPU's."""
+    gen = torch.Generator().manual_seed(0)
+    v, x = torch.randn(6, 4, 3, generator=gen), torch.randn(2, 4, 9, generator=gen)
+    g = torch.randn([6, 1, 1] if dim == 0 else [1, 1, 3], generator=gen)
+
+    def loss(v, g, x):
+        w, _ = torch._weight_norm_interface(v, g, dim)
+        return torch.nn.functional.conv1d(x, w, padding=1).square().sum()
+
+    leaves = [t.neuron().requires_grad_() for t in (v, g)]
+    before = torchneuron.fallback_ops()
+    loss(*leaves, x.neuron()).backward()
+    assert torchneuron.fallback_ops() == before
+    cpu = [t.clone().requires_grad_() for t in (v, g)]
+    loss(*cpu, x).backward()
+    for got, want in zip(leaves, cpu):
+        torch.testing.assert_close(got.grad.cpu(), want.grad, rtol=1e-4, atol=1e-4)

@@ -229,6 +229,17 @@ def adaptive_max_pool2d(x, output_size):
     return torch.stack(values, -1).reshape(shape), torch.stack(indices, -1).reshape(shape)
 
 
+def weight_norm_backward(grad_w, v, g, norms, dim):
+    """_weight_norm_interface's backward (w = g * v / |v|, the norm over every
+    dimension but `dim`), which has CPU and CUDA kernels only: weight-normed
+    convolutions (encodec's) ran their backward on the host."""
+    dims = [d for d in range(v.dim()) if d != dim % v.dim()]
+    grad_g = aten.div.Tensor(aten.sum.dim_IntList(aten.mul.Tensor(grad_w, v), dims, True), norms)
+    grad_v = aten.mul.Tensor(aten.div.Tensor(g, norms),
+                             aten.sub.Tensor(grad_w, aten.mul.Tensor(v, aten.div.Tensor(grad_g, norms))))
+    return grad_v, aten.reshape.default(grad_g, g.shape)
+
+
 def cumprod(x, dim, dtype=None):
     return aten.cumprod.default(x.to(dtype) if dtype is not None else x, dim)
 
@@ -324,6 +335,7 @@ def direct_rewrites() -> dict:
 
 def decompositions() -> dict:
     table = {
+        aten._weight_norm_interface_backward.default: weight_norm_backward,
         aten.roll.default: roll,
         aten.fmax.default: _nan_aware(torch.maximum),
         aten.fmin.default: _nan_aware(torch.minimum),
