@@ -335,10 +335,11 @@ def test_fused_lstm_cell_signatures_get_a_cpu_answer():
     assert [r.status for r in results] == ["pass", "pass"], [r.detail for r in results]
 
 
-def test_generic_convolution_slots_get_a_cpu_answer():
+def test_generic_convolution_slots_and_integer_histc_get_a_cpu_answer():
     """convolution_overrideable and convolution_backward_overrideable (what
     PyTorch calls on a backend without a kernel of its own; recorded from
-    xcodec) have no CPU kernel: their answers are the convolution's."""
+    xcodec) have no CPU kernel: their answers are the convolution's. An
+    integer histc's is the float histc's, as on the device."""
 
     def t(size):
         stride = [1] * len(size)
@@ -347,6 +348,9 @@ def test_generic_convolution_slots_get_a_cpu_answer():
         return {"T": "float32", "dev": "neuron", "offset": 0, "size": size, "stride": stride}
 
     cases = [
+        # and histc of integers (deepseek_v4's router), which CUDA counts and CPU does not
+        ("aten.histc.default", {"args": [{"T": "int32", "dev": "neuron", "offset": 0, "range": [0, 3], "size": [32],
+                                          "stride": [1]}, 4, 0, 3], "kwargs": {}}),
         ("aten.convolution_backward_overrideable.default",
          {"args": [t([2, 8, 1, 200]), t([2, 16, 1, 40]), t([16, 8, 1, 10]), {"L": [1, 5]}, {"L": [0, 3]},
                    {"L": [1, 1]}, True, {"L": [0, 1]}, 1, {"L": [True, True, True]}], "kwargs": {}}),
@@ -355,7 +359,7 @@ def test_generic_convolution_slots_get_a_cpu_answer():
                    {"L": [0, 0]}, 1], "kwargs": {}}),
     ]
     results = unit.run_cases([(op, json.dumps(sig), 1, ["xcodec"]) for op, sig in cases])
-    assert [r.status for r in results] == ["pass", "pass"], [r.detail for r in results]
+    assert [r.status for r in results] == ["pass", "pass", "pass"], [r.detail for r in results]
 
 
 def test_argument_snapshots_take_one_element_tensors_of_any_stride():

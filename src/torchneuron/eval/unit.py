@@ -356,8 +356,16 @@ def _convolution_backward_overrideable(grad, x, weight, stride, padding, dilatio
                                                        transposed, output_padding, groups, output_mask)
 
 
+def _histc(x, bins=100, min=0, max=0):  # noqa: A002 - the op's argument names
+    # CPU has no integer histc, CUDA has (MoE routers count experts with it)
+    if x.dtype.is_floating_point:
+        return torch.histc(x, bins, min, max)
+    return torch.histc(x.to(torch.float32), bins, min, max).to(x.dtype)
+
+
 _CPU_REFERENCE = {
     "aten._copy_from.default": lambda self, dst, non_blocking=False: dst.copy_(self),
+    "aten.histc.default": _histc,
     # The generic slots a backend fills when it has no kernel of its own (CPU
     # has none there): answered by the convolution they stand for.
     "aten.convolution_overrideable.default": torch.ops.aten.convolution.default,
