@@ -25,6 +25,7 @@ import math
 
 import torch
 
+from . import tensor_ops
 from .windows import LIMIT, per_dim, windows
 
 aten = torch.ops.aten
@@ -133,26 +134,11 @@ def _transposed(grad, x, weight, stride, padding, dilation, output_padding, grou
         # the plain convolution would have more positions than the input
         return [NotImplemented if output_mask[i] else None for i in range(2)]
     return [
-        _plain_convolution(grad, weight, stride, padding, dilation, groups) if output_mask[0] else None,
+        # exact_extent: the input padded and cut where the last window stops short
+        tensor_ops.convolution_exact_extent(grad, weight, None, stride, padding, dilation, False, [0] * n, groups)
+        if output_mask[0] else None,
         _weight_grad(x, grad, weight.shape, stride, padding, dilation, groups) if output_mask[1] else None,
     ]
-
-
-def _plain_convolution(x, weight, stride, padding, dilation, groups):
-    """A strided convolution, the input padded and cut explicitly to the extent
-    its windows cover (torch-mlir and linalg disagree on the padded size when
-    the last window stops short: tensor_ops.py)."""
-    n = x.dim() - 2
-    pads = []
-    for i in reversed(range(n)):
-        pads += [padding[i], padding[i]]
-    padded = aten.constant_pad_nd.default(x, pads, 0.0) if any(padding) else x
-    for i in range(n):
-        reach = dilation[i] * (weight.shape[2 + i] - 1) + 1
-        covered = (padded.shape[2 + i] - reach) // stride[i] * stride[i] + reach
-        if covered < padded.shape[2 + i]:
-            padded = aten.slice.Tensor(padded, 2 + i, 0, covered)
-    return aten.convolution.default(padded, weight, None, stride, [0] * n, dilation, False, [0] * n, groups)
 
 
 def rules() -> dict:

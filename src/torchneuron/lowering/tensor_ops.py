@@ -288,7 +288,7 @@ def _padded_and_cut(x, padding, covered):
     return x
 
 
-def _convolution_exact_extent(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+def convolution_exact_extent(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     exact = _exact_extent(x, weight, stride, padding, dilation, transposed)
     if exact is None:
         return aten.convolution.default(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
@@ -321,7 +321,7 @@ def _convolution_backward_exact_extent(grad, x, weight, bias_sizes, stride, padd
 
 def direct_rewrites() -> dict:
     return {
-        aten.convolution.default: _convolution_exact_extent,
+        aten.convolution.default: convolution_exact_extent,
         aten.index_put.default: _index_put_by_mask,
         aten.index_put_.default: _index_put_by_mask_,
         aten._index_put_impl_.default: _index_put_by_mask_,
