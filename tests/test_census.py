@@ -4,6 +4,7 @@ evaluation system). Real Hugging Face architectures, built offline."""
 import json
 
 import pytest
+import torch
 
 from torchneuron.eval import census, census_report, stages
 
@@ -273,3 +274,34 @@ def test_a_crashed_or_hung_worker_is_a_failure_of_every_mode_it_was_to_run():
     baseline = {"crashed": {"status": "crash"}, "hung": ok, "wrong": bad}
     new, known = stages.classify_failures(results, ["compile"], baseline)
     assert [m for m, _, _ in new] == ["hung"] and [m for m, _, _ in known] == ["crashed", "wrong"]
+
+
+class _ThroughDenormals(torch.nn.Module):
+    """Its output and gradients pass through float32 denormals (1e-39)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return (self.linear(x) * 1e-39 * 1e38,)
+
+
+def test_a_mismatch_from_flushed_denormals_is_given_that_cause(monkeypatch):
+    """IREE's CPU runtime flushes float32 denormals to zero; PyTorch's CPU kernels keep them.
+    A model whose values pass through denormals differs from CPU, and the census says why
+    (by CPU's answer with denormals flushed), without calling it a pass."""
+    torch.manual_seed(0)
+    model = _ThroughDenormals()
+    monkeypatch.setattr(census, "build", lambda *a: (model, None))
+    monkeypatch.setattr(census, "inputs_for", lambda m, c: {"x": torch.randn(4, 8)})
+    monkeypatch.setattr(census, "features", lambda *a: {})
+    threads = torch.get_num_threads()
+    result = census.run_one("through_denormals", "X", "base", ["compile"])
+    entry = result["modes"]["compile"]
+    assert entry["forward"] == "mismatch" and entry["forward_cause"] == census.DENORMALS, entry
+    assert entry["backward"] == "mismatch" and entry["backward_cause"] == census.DENORMALS, entry
+    # CPU's own settings are back: its thread count, and denormals kept
+    assert torch.get_num_threads() == threads and (torch.full((1,), 1e-39) * 1.0).item() != 0
+    summary = census_report.summarize({"through_denormals": result})
+    assert summary["modes"]["compile"]["top_causes"][0][0] == "mismatch: " + census.DENORMALS[:110]

@@ -51,7 +51,8 @@ def summarize(results: dict, previous: dict | None = None) -> dict:
             entry = r["modes"].get(mode, {})
             for phase in ("forward", "backward"):
                 if entry.get(phase) in ("error", "mismatch"):
-                    cause = _cause(entry.get("error") or entry.get(f"{phase}_detail") or entry.get(phase))
+                    cause = _cause(entry.get(f"{phase}_cause") or entry.get("error")
+                                   or entry.get(f"{phase}_detail") or entry.get(phase))
                     causes[f"{entry[phase]}: {cause}"].append(r["model"])
                     break
         summary["modes"][mode] = {
