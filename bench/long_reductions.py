@@ -1,7 +1,8 @@
 """Long sums, matrix products and convolutions on neuron vs CPU eager: time,
 and each one's distance from the float64 answer, side by side in one run
 (lowering/long_sums.py, split_k.py, long_convolutions.py, convolution_products.py,
-convolution_backward.py).
+convolution_backward.py), and the backward of bilinear upsampling
+(interpolation_backward.py; before it, the host path: CPU's kernel).
 
     python bench/long_reductions.py [--repeats 7] [--only conv] [--write docs/benchmarks.md]
 
@@ -41,6 +42,13 @@ def _conv_backward(stride, padding, mask, part):
     return backward
 
 
+def _upsample_backward(output_size, input_size, align_corners=False):
+    def backward(grad):
+        return torch.ops.aten.upsample_bilinear2d_backward(grad, output_size, input_size, align_corners)
+
+    return backward
+
+
 CASES = [  # (name, function, input shapes)
     ("row sums [32, 65536]", lambda x: x.sum(-1), [(32, 65536)]),
     ("sum of 1M elements", lambda x: x.sum(), [(1 << 20,)]),
@@ -68,6 +76,12 @@ CASES = [  # (name, function, input shapes)
      _conv_backward([1], [1], [True, False, False], 0), [(2, 1536, 11), (2, 32, 11), (1536, 32, 3)]),
     ("conv backward, all of [64, 64, 3, 3] over 8x56x56 (weight's error)",
      _conv_backward([1, 1], [1, 1], [True, True, True], 1), [(8, 64, 56, 56), (8, 64, 56, 56), (64, 64, 3, 3)]),
+    ("upsample_bilinear2d backward, [2, 256, 32, 32] from 64x64 (a feature pyramid's)",
+     _upsample_backward([64, 64], [2, 256, 32, 32]), [(2, 256, 64, 64)]),
+    ("upsample_bilinear2d backward, [2, 64, 80, 80] from 160x160",
+     _upsample_backward([160, 160], [2, 64, 80, 80]), [(2, 64, 160, 160)]),
+    ("upsample_bilinear2d backward, [8, 3, 32, 32] from 224x224, corners aligned",
+     _upsample_backward([224, 224], [8, 3, 32, 32], True), [(8, 3, 224, 224)]),
 ]
 
 

@@ -128,3 +128,34 @@ def test_batch_norm_in_evaluation_returns_cpus_empty_statistics(call):
             torch.testing.assert_close(m.cpu(), a, rtol=0, atol=0)
     if torchneuron.get_eager_mode() == "op":
         assert torchneuron.fallback_ops() == before  # compiled
+
+
+_UPSAMPLINGS = {
+    "bilinear_up": ((2, 3, 8, 10), dict(size=(16, 20), mode="bilinear")),
+    "bilinear_up_corners": ((2, 3, 8, 10), dict(size=(16, 20), mode="bilinear", align_corners=True)),
+    "bilinear_mixed": ((1, 2, 7, 5), dict(size=(3, 11), mode="bilinear")),
+    "bilinear_scale_factor": ((1, 2, 7, 5), dict(scale_factor=(1.7, 2.3), mode="bilinear")),
+    "bilinear_same_size": ((2, 3, 8, 10), dict(size=(8, 10), mode="bilinear")),
+    "linear_corners": ((2, 4, 9), dict(size=20, mode="linear", align_corners=True)),
+    "trilinear": ((1, 2, 3, 4, 5), dict(size=(6, 7, 3), mode="trilinear")),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", sorted(_UPSAMPLINGS))
+def test_linear_upsampling_backward_compiles_and_matches_cpu(name, dtype):
+    """upsample_{linear1d,bilinear2d,trilinear3d}_backward have no decomposition in PyTorch and
+    torch-mlir does not lower them: torchneuron's gathers each input's weighted gradients."""
+    shape, kwargs = _UPSAMPLINGS[name]
+    x = torch.randn(shape, dtype=dtype)
+    kwargs.setdefault("align_corners", False)
+    grad = torch.randn(F.interpolate(x, **kwargs).shape, dtype=dtype)
+    xc = x.clone().requires_grad_()
+    F.interpolate(xc, **kwargs).backward(grad)
+    xn, grad_n = x.to("neuron").requires_grad_(), grad.to("neuron")
+    before = torchneuron.fallback_ops()
+    F.interpolate(xn, **kwargs).backward(grad_n)
+    assert torchneuron.fallback_ops() == before
+    tol = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(xn.grad.cpu(), xc.grad, rtol=tol, atol=tol)
+    assert torch.equal(grad_n.cpu(), grad) and torch.equal(xn.detach().cpu(), x)
