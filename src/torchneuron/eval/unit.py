@@ -384,8 +384,10 @@ def _as_close_to_exact_as_cpu(op, sig, seed, got, expected, op_name=None) -> boo
     (a convolution's weight gradient over 20480 positions) differ from CPU's
     float32 by their accumulation order alone. Neuron passes when each of its
     results is within twice CPU's own largest error of the float64 answer
-    (plus float32 rounding of its magnitude). Results that are not floats
-    must have matched already."""
+    (plus float32 rounding of its magnitude); results within the usual
+    tolerance of CPU's pass as they are (a convolution's bias gradient need
+    not beat CPU's sum when its weight gradient is the one judged). Results
+    that are not floats must have matched already."""
     (cpu_args, cpu_kwargs), _ = build_arguments(sig, seed, op_name)
     torch.manual_seed(seed)
     try:
@@ -397,6 +399,11 @@ def _as_close_to_exact_as_cpu(op, sig, seed, got, expected, op_name=None) -> boo
     for g, e, x in leaves:
         if not e.dtype.is_floating_point or g.shape != x.shape:
             return False
+        try:
+            _compare(g, e)
+            continue
+        except AssertionError:
+            pass
         x = x.double()
         finite = torch.isfinite(x)
         g, e = g.cpu().double(), e.double()
