@@ -89,10 +89,12 @@ def test_convolution_backward_compiles_and_matches_cpu(transposed, name):
 
 
 @pytest.mark.op_mode
-@pytest.mark.parametrize("case", ["2-d", "1-d output padding 2", "grouped padded", "xcodec upsampling"])
+@pytest.mark.parametrize("case", ["2-d", "1-d output padding 2", "grouped padded", "xcodec upsampling",
+                                  "depthwise dilated"])
 def test_transposed_convolution_trains_on_the_device(case):
     """Autograd through ConvTranspose (decoders' upsampling), whose backward
-    torch-mlir does not lower: forward and every gradient against CPU."""
+    (and, depthwise, forward) torch-mlir does not lower: forward and every
+    gradient against CPU."""
     F = torch.nn.functional
     x_shape, w_shape, kwargs = {
         "2-d": ((2, 32, 8, 8), (32, 16, 2, 2), dict(stride=2)),
@@ -100,6 +102,9 @@ def test_transposed_convolution_trains_on_the_device(case):
         "grouped padded": ((2, 8, 8, 8), (8, 4, 3, 3), dict(stride=2, padding=1, output_padding=1, groups=2)),
         "xcodec upsampling": ((2, 16, 1, 40), (16, 8, 1, 10), dict(stride=(1, 5), padding=(0, 3),
                                                                     output_padding=(0, 1))),
+        # torch-mlir does not lower its forward (a collapse_shape of the wrong rank)
+        "depthwise dilated": ((1, 4, 5, 5), (4, 1, 3, 2), dict(stride=(2, 1), padding=(2, 0), groups=4,
+                                                               dilation=(2, 1), output_padding=(1, 0))),
     }[case]
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(x_shape, generator=gen), torch.randn(w_shape, generator=gen)

@@ -14,7 +14,8 @@ and a transposed convolution's backward it does not lower at all. Here:
   split_k.py blocks its long reduction over output positions;
 - the bias's gradient is a sum (long_sums.py);
 - a transposed convolution's gradients are the same ops with the roles of
-  input and gradient swapped.
+  input and gradient swapped, and a grouped transposed convolution's forward
+  (which torch-mlir does not lower) is the plain one's input gradient.
 
 Float32/float64 of static shape; other calls keep torch-mlir's lowering.
 """
@@ -139,6 +140,24 @@ def _transposed(grad, x, weight, stride, padding, dilation, output_padding, grou
         if output_mask[0] else None,
         _weight_grad(x, grad, weight.shape, stride, padding, dilation, groups) if output_mask[1] else None,
     ]
+
+
+def grouped_transposed_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """A grouped transposed convolution's forward, which torch-mlir does not
+    lower (a collapse_shape of the wrong rank): the input gradient of the plain
+    convolution with the same weight, at the transposed one's output size."""
+    if not transposed or groups == 1 or not _supported(x, weight):
+        return NotImplemented
+    n = x.dim() - 2
+    stride, padding, dilation = per_dim(stride, n), per_dim(padding, n), per_dim(dilation, n)
+    output_padding = per_dim(output_padding, n)
+    kernel = weight.shape[2:]
+    sizes = [(x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (kernel[i] - 1) + output_padding[i] + 1
+             for i in range(n)]
+    out = _input_grad(x, [x.shape[0], weight.shape[1] * groups] + sizes, weight, stride, padding, dilation, groups)
+    if bias is not None:
+        out = aten.add.Tensor(out, aten.reshape.default(bias, [1, -1] + [1] * n))
+    return out
 
 
 def rules() -> dict:

@@ -315,7 +315,8 @@ def decomposition_table() -> dict:
     table[torch.ops.aten.gelu.default] = _gelu_tanh
     table.update(split_k.rules())
     table[torch.ops.aten.convolution.default] = _first_of(convolution_products.convolution,
-                                                          long_convolutions.convolution)
+                                                          long_convolutions.convolution,
+                                                          convolution_backward.grouped_transposed_convolution)
     table.update(convolution_backward.rules())
     table[torch.ops.aten.index_put.default] = tensor_ops.index_put_by_mask  # graphs' boolean masks
     table.update(own_decompositions())
