@@ -305,3 +305,42 @@ def test_a_mismatch_from_flushed_denormals_is_given_that_cause(monkeypatch):
     assert torch.get_num_threads() == threads and (torch.full((1,), 1e-39) * 1.0).item() != 0
     summary = census_report.summarize({"through_denormals": result})
     assert summary["modes"]["compile"]["top_causes"][0][0] == "mismatch: " + census.DENORMALS[:110]
+
+
+@pytest.mark.parametrize("less_accurate", ["cpu", "neuron"])
+def test_a_mismatch_is_judged_by_the_float64_answer(monkeypatch, less_accurate):
+    """Where neuron and CPU differ, the float64 answer decides, as in the unit stage: a neuron
+    result as close to it as CPU's float32 passes (and says so), a less accurate one stays a
+    mismatch. The less accurate side is simulated by an error on its outputs."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
+    monkeypatch.setattr(census, "build", lambda *a: (model, None))
+    monkeypatch.setattr(census, "inputs_for", lambda m, c: {"input": torch.randn(4, 8)})
+    monkeypatch.setattr(census, "features", lambda *a: {})
+    run = census._run
+
+    def run_with_an_error(model, inputs, device, backward, compiled=False):
+        outs, grads = run(model, inputs, device, backward, compiled)
+        if device == less_accurate and outs[0].dtype == torch.float32:
+            outs = [o + 0.01 for o in outs]
+        return outs, grads
+
+    monkeypatch.setattr(census, "_run", run_with_an_error)
+    entry = census.run_one("linear", "X", "base", ["compile"])["modes"]["compile"]
+    if less_accurate == "cpu":
+        assert entry["forward"] == "pass" and "from float64" in entry["forward_arbitrated"], entry
+        result = {"model": "linear", "status": "ran", "modes": {"compile": entry}, "features": {}}
+        assert census_report.summarize({"linear": result})["modes"]["compile"]["arbitrated"] == ["linear"]
+    else:
+        assert entry["forward"] == "mismatch" and "forward_arbitrated" not in entry, entry
+    assert entry["backward"] == "pass", entry
+
+
+def test_float64_rule_passes_only_results_as_close_as_cpus():
+    exact = torch.linspace(-1, 1, 50, dtype=torch.float64)
+    cpu = exact.float() + 1e-2  # past the census's tolerance
+    assert census._closer_to_float64([exact.float()], [cpu], [exact], "output")
+    assert census._closer_to_float64([cpu + 3e-2], [cpu], [exact], "output") is None  # over twice CPU's error
+    inf = exact.clone()
+    inf[3] = float("inf")
+    assert census._closer_to_float64([exact.float()], [cpu], [inf], "output") is None  # inf where float64 has one

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import argument_checks, registry, rnn_references
+from . import argument_checks, exactness, registry, rnn_references
 
 # (rtol, atol) by dtype; reductions over recorded (real) sizes need more than
 # elementwise ops, so these are a little wider than PyTorch's defaults.
@@ -404,15 +404,7 @@ def _as_close_to_exact_as_cpu(op, sig, seed, got, expected, op_name=None) -> boo
             continue
         except AssertionError:
             pass
-        x = x.double()
-        finite = torch.isfinite(x)
-        g, e = g.cpu().double(), e.double()
-        if not torch.equal(torch.isfinite(g), finite):
-            return False
-        cpu_error = (e - x)[finite].abs().max().item() if finite.any() else 0.0
-        device_error = (g - x)[finite].abs().max().item() if finite.any() else 0.0
-        scale = x[finite].abs().max().item() if finite.any() else 0.0
-        if device_error > 2 * cpu_error + 1e-6 * scale:
+        if not exactness.as_close_as_cpu(g, e, x):
             return False
     return True
 
