@@ -341,6 +341,8 @@ def test_float64_rule_passes_only_results_as_close_as_cpus():
     cpu = exact.float() + 1e-2  # past the census's tolerance
     assert census._closer_to_float64([exact.float()], [cpu], [exact], "output")
     assert census._closer_to_float64([cpu + 3e-2], [cpu], [exact], "output") is None  # over twice CPU's error
+    # both far from float64 (top-k ties picking other elements): not a rounding difference
+    assert census._closer_to_float64([exact.float() + 5], [exact.float() - 5], [exact], "output") is None
     inf = exact.clone()
     inf[3] = float("inf")
     assert census._closer_to_float64([exact.float()], [cpu], [inf], "output") is None  # inf where float64 has one
