@@ -346,3 +346,35 @@ def test_float64_rule_passes_only_results_as_close_as_cpus():
     inf = exact.clone()
     inf[3] = float("inf")
     assert census._closer_to_float64([exact.float()], [cpu], [inf], "output") is None  # inf where float64 has one
+
+
+def test_a_model_that_does_not_run_in_float64_keeps_its_mismatch(monkeypatch):
+    """No float64 answer (the model builds a float32 tensor of its own): the mismatch is reported
+    as it is, not as an error and not as a pass."""
+
+    class Float32Only(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return (self.linear(x) @ torch.ones(8, 8, device=x.device),)
+
+    torch.manual_seed(0)
+    model = Float32Only()
+    monkeypatch.setattr(census, "build", lambda *a: (model, None))
+    monkeypatch.setattr(census, "inputs_for", lambda m, c: {"x": torch.randn(4, 8)})
+    monkeypatch.setattr(census, "features", lambda *a: {})
+    run = census._run
+
+    def neuron_off(model, inputs, device, backward, compiled=False):
+        outs, grads = run(model, inputs, device, backward, compiled)
+        return ([o + 0.01 for o in outs] if device == "neuron" else outs), grads
+
+    monkeypatch.setattr(census, "_run", neuron_off)
+    with pytest.raises(RuntimeError):  # what the census meets
+        census._float64_reference(model, {"x": torch.randn(4, 8)}, model.state_dict(), False)
+    entry = census.run_one("float32_only", "X", "base", ["compile"])["modes"]["compile"]
+    assert entry["forward"] == "mismatch" and "error" not in entry, entry
+    assert "forward_arbitrated" not in entry and "forward_cause" not in entry, entry
+    assert entry["backward"] == "pass", entry

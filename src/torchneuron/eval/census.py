@@ -743,34 +743,33 @@ def run_one(model_type: str, cls_name: str, head: str, modes: list, record: str 
             torch._dynamo.reset()
         recorder = registry.Recorder(record or os.devnull, model_type)
         registry._recorder = recorder
-        flushed: list = []  # CPU's answer with denormals flushed, computed at the first mismatch
-        exact: list = []  # and in float64
+        references: dict = {}  # CPU's answers in float64 and with denormals flushed, at the first mismatch
+
+        def reference(make) -> tuple:
+            """(outputs, gradients) of a second CPU reference, once; (None, None) where the model
+            cannot give it (one that does not run in float64): the mismatch stays as it is."""
+            if make not in references:
+                try:
+                    references[make] = make(model, inputs, state, trains and ref_grads is not None)
+                except Exception:  # noqa: BLE001 - no second reference, no judgment
+                    references[make] = (None, None)
+            return references[make]
 
         def judge(phase: str, problem, got: list, index: int) -> None:
             entry[phase] = "pass" if problem is None else "mismatch"
             if problem is None:
                 return
             entry[f"{phase}_detail"] = problem
-            if not exact:
-                try:
-                    exact.append(_float64_reference(model, inputs, state, trains and ref_grads is not None))
-                except Exception:  # noqa: BLE001 - the model does not run in float64: no arbitration
-                    exact.append((None, None))
+            exact = reference(_float64_reference)[index]
             what = "output" if index == 0 else "gradient"
-            closer = None
-            if exact[0][index] is not None:
-                closer = _closer_to_float64(got, (ref_out, ref_grads)[index], exact[0][index], what)
+            closer = _closer_to_float64(got, (ref_out, ref_grads)[index], exact, what) if exact is not None else None
             if closer:
                 # as the unit stage judges ops: CPU's float32 is the less accurate of the two
                 entry[phase] = "pass"
                 entry[f"{phase}_arbitrated"] = closer
                 return
-            if not flushed:
-                try:
-                    flushed.append(_flushed_reference(model, inputs, state, trains and ref_grads is not None))
-                except Exception:  # noqa: BLE001 - no second reference: the mismatch stays unexplained
-                    flushed.append((None, None))
-            if flushed[0][index] is not None and _compare(got, flushed[0][index], phase) is None:
+            flushed = reference(_flushed_reference)[index]
+            if flushed is not None and _compare(got, flushed, phase) is None:
                 entry[f"{phase}_cause"] = DENORMALS
 
         try:

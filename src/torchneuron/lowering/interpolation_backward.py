@@ -23,7 +23,7 @@ import torch
 aten = torch.ops.aten
 
 
-def source_indices(in_size: int, out_size: int, align_corners: bool, scale, exact: type):
+def _source_indices(in_size: int, out_size: int, align_corners: bool, scale, exact: type):
     """For each output index: the two input indices it reads and their weights,
     as PyTorch's CPU kernel computes them in `exact` (np.float32 or np.float64)."""
     if in_size == out_size:  # the kernel copies: one index, weight 1
@@ -82,7 +82,7 @@ def _linear_backward(spatial: int):
         for k in reversed(range(spatial)):
             dim = grad.dim() - spatial + k
             in_size, out_size = input_size[2 + k], output_size[k]
-            indices = source_indices(in_size, out_size, align_corners, scales[k], exact)
+            indices = _source_indices(in_size, out_size, align_corners, scales[k], exact)
             grad = _add_back(grad, dim, in_size, indices, opmath)
         return grad.to(grad_output.dtype)
 
