@@ -215,6 +215,17 @@ def test_a_windowed_backbone_gets_windows_every_stage_holds():
     assert last_grid >= config.window_size
 
 
+def test_an_image_size_per_side_keeps_the_default_patch_grid():
+    # YOLOS's [512, 864] at a 4-pixel patch made 16485 tokens (4.35 GB of attention scores a layer).
+    import transformers
+
+    default = transformers.YolosConfig()
+    inputs, config = _reference_runs("yolos")
+    grid = [s // config.patch_size for s in inputs["pixel_values"].shape[-2:]]
+    assert config.patch_size < default.patch_size
+    assert grid == [s // default.patch_size for s in default.image_size]
+
+
 def test_keypoint_matchers_get_image_pairs_and_patch_grid_towers_their_layout():
     inputs, _ = _reference_runs("lightglue")
     assert inputs["pixel_values"].shape[:2] == (census.BATCH, 2)

@@ -221,6 +221,19 @@ def _windows(cfg) -> None:
         cfg.image_size = max(size, patch * cfg.window_size * scale)
 
 
+def _image_with_patch(cfg, default_patch) -> None:
+    """An image size given per side (YOLOS: [512, 864]) is not a plain int, so
+    the tiny size does not replace it; shrunk by the same factor as the patch,
+    it keeps the default's patch grid. Unshrunk, YOLOS's 4-pixel patches made
+    16485 tokens and 4.35 GB attention scores a layer."""
+    size, patch = _read(cfg, "image_size"), _read(cfg, "patch_size")
+    if not (isinstance(size, (list, tuple)) and size and all(isinstance(v, int) and not isinstance(v, bool) for v in size)
+            and isinstance(default_patch, int) and isinstance(patch, int) and 0 < patch < default_patch):
+        return
+    with contextlib.suppress(Exception):
+        cfg.image_size = type(size)(max(patch, v * patch // default_patch) for v in size)
+
+
 def _backbone_outputs(cfg) -> None:
     """ViT backbones (a stage per layer, no per-stage depths) name the layers
     a neck reads; the tiny depth drops them. The neck reads the last tiny
@@ -255,6 +268,7 @@ def _shrink(cfg, depth: int = 0, layers: int = 2, mrope: bool = False, mla: bool
                 continue  # a patch size of 1 keeps full resolution; a fixed stem implies its own
             with contextlib.suppress(Exception):
                 setattr(cfg, key, value)
+    _image_with_patch(cfg, patch)
     if stage_width:
         with contextlib.suppress(Exception):  # the last CNN stage's width, checked against it (EfficientLoFTR)
             cfg.hidden_size = stage_width
