@@ -45,3 +45,36 @@ def test_resume_skips_done_ops_and_records_a_crash(tmp_path):
     status = {r["op"]: r for r in again}
     assert status["abs"]["seconds"] == first[0]["seconds"]  # kept, not rerun
     assert status["neg"]["status"] == "fail" and "crashed" in status["neg"]["error"]
+
+
+def test_half_precision_grid_sample_passes_by_the_float64_answer(tmp_path):
+    # CPU's bfloat16/float16 grid_sample rounds its sampling coordinates and picks other
+    # pixels; neuron's result is closer to the float64 answer, and passes on that account.
+    results = conformance.run(ops=["grid_sampler_2d"], dtypes=("bfloat16",), max_samples=2, progress=False)
+    assert [(r["status"], r["float64_judged"] > 0) for r in results] == [("compiled-pass", True)]
+
+
+def test_the_float64_judgment_fails_a_result_further_from_it_than_cpus():
+    import torch
+
+    class Op:  # the part of an OpInfo the judgment calls
+        op = staticmethod(torch.sin)
+
+    x = torch.linspace(-3, 3, 50, dtype=torch.bfloat16)
+    expected, exact = torch.sin(x), torch.sin(x.double())
+    tolerance = conformance.TOLERANCES[torch.bfloat16]
+    assert conformance._as_close_to_exact_as_cpu(Op, (x, (), {}), exact.to(torch.bfloat16), expected, *tolerance)
+    wrong = exact.to(torch.bfloat16) + 0.05
+    assert not conformance._as_close_to_exact_as_cpu(Op, (x, (), {}), wrong, expected, *tolerance)
+
+
+def test_the_float64_judgment_does_not_excuse_another_dtype():
+    import torch
+
+    class Op:
+        op = staticmethod(torch.sin)
+
+    x = torch.linspace(-3, 3, 50, dtype=torch.bfloat16)
+    expected, exact = torch.sin(x), torch.sin(x.double())
+    assert not conformance._as_close_to_exact_as_cpu(Op, (x, (), {}), exact.float(), expected,
+                                                      *conformance.TOLERANCES[torch.bfloat16])

@@ -21,7 +21,7 @@ import torchneuron
 from torchneuron import config
 from torchneuron.dispatch import stats as dispatch_stats
 
-from . import argument_checks
+from . import argument_checks, exactness
 
 # Ops models use most: the fixed subset CI runs.
 CI_OPS = (
@@ -70,6 +70,7 @@ class OpResult:
     fallback_ops: dict = field(default_factory=dict)
     error: str = ""
     seconds: float = 0.0
+    float64_judged: int = 0  # samples that differ from CPU's answer but are as close to float64's
 
 
 def _op_db():
@@ -163,6 +164,25 @@ def _with_ties_as_cpu(opinfo, sample, actual, expected):
     return type(actual)((actual[0], cpu_indices)) if pair else cpu_indices
 
 
+def _as_close_to_exact_as_cpu(opinfo, cpu_call, got, expected, rtol, atol) -> bool:
+    """A mismatch judged by the float64 answer, as the unit stage and the
+    census judge theirs: CPU's half-precision grid_sample rounds its sampling
+    coordinates and picks other pixels (0.13-0.2 from float64 in bfloat16,
+    neuron 0.005), so a device closer to the exact answer than CPU is not
+    wrong. Only for samples CPU left unchanged (the call is its inputs)."""
+    try:
+        torch.manual_seed(0)
+        exact = opinfo.op(*exactness.in_float64((cpu_call[0], *cpu_call[1])), **exactness.in_float64(cpu_call[2]))
+    except Exception:  # noqa: BLE001 - no float64 kernel: no arbitration
+        return False
+
+    def close(g, e):
+        torch.testing.assert_close(g, e, rtol=rtol, atol=atol, equal_nan=True, check_device=False)
+
+    leaves = argument_checks.tensor_leaves
+    return exactness.mismatches_as_close_as_cpu(leaves(got), leaves(expected), leaves(exact), close)
+
+
 def run_op(opinfo, dtype, max_samples: int) -> OpResult:
     name = opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
     result = OpResult(name, str(dtype).replace("torch.", ""), "skipped")
@@ -200,8 +220,14 @@ def run_op(opinfo, dtype, max_samples: int) -> OpResult:
             argument_checks.check_unchanged(dev_in, dev_before, cpu_in, cpu_before)
             argument_checks.check_aliasing(argument_checks.tensor_leaves(actual), dev_in,
                                            argument_checks.tensor_leaves(expected), cpu_in)
-            torch.testing.assert_close(_with_ties_as_cpu(opinfo, sample, tree_map(_to_cpu, actual), expected),
-                                       expected, rtol=rtol, atol=atol, equal_nan=True, check_device=False)
+            got = _with_ties_as_cpu(opinfo, sample, tree_map(_to_cpu, actual), expected)
+            try:
+                torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, equal_nan=True, check_device=False)
+            except AssertionError:
+                if argument_checks.changed(cpu_in, cpu_before) or not _as_close_to_exact_as_cpu(
+                        opinfo, cpu_call, got, expected, rtol, atol):
+                    raise
+                result.float64_judged += 1
             # Arguments CPU wrote (inplace=True samples) hold what CPU wrote.
             for i in set(argument_checks.changed(cpu_in, cpu_before)):
                 torch.testing.assert_close(dev_in[i].cpu(), cpu_in[i], rtol=rtol, atol=atol, equal_nan=True,
@@ -325,6 +351,12 @@ def write_markdown(path, results, command: str, max_samples: int) -> None:
             f"| {dtype} | {judged + d['skipped']} | {passed} | {d['compiled-pass']} | {d['fallback-pass']} "
             f"| {d['fail']} | {d['skipped']} | {rate} | {crate} |"
         )
+    judged = sorted(f"`{r['op']}` ({r['dtype']})" for r in results if r.get("float64_judged"))
+    if judged:
+        lines += ["", f"Passing by the float64 answer ({len(judged)}): a sample whose result differs from CPU's "
+                  "beyond the tolerance passes when each differing result is within twice CPU's own error "
+                  "of the answer computed in float64 (as the unit stage and the census judge): "
+                  + ", ".join(judged) + "."]
     lines += ["", "## Memory ownership", ""]
     guards = "with guarded memory (`TORCHNEURON_CHECK_MEMORY=1`: guard bytes around every allocation, " \
              "checked after every launch)" if config.settings.check_memory else "without guarded memory"

@@ -320,16 +320,6 @@ def _available_bytes() -> int:
     return 1 << 62  # not Linux: no estimate
 
 
-def _in_float64(value):
-    if isinstance(value, torch.Tensor):
-        return value.double() if value.dtype in (torch.float32, torch.float16, torch.bfloat16) else value
-    if isinstance(value, (list, tuple)):
-        return type(value)(_in_float64(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _in_float64(v) for k, v in value.items()}
-    return value
-
-
 def _grouped_mm_float64(a, b, offs=None, bias=None, out_dtype=None):
     """_grouped_mm by groups, for the float64 answer CPU's kernel (float32,
     bfloat16, float16 only) cannot give: a 2d left operand's rows (3d right:
@@ -391,22 +381,12 @@ def _as_close_to_exact_as_cpu(op, sig, seed, got, expected, op_name=None) -> boo
     (cpu_args, cpu_kwargs), _ = build_arguments(sig, seed, op_name)
     torch.manual_seed(seed)
     try:
-        exact = _FLOAT64_REFERENCE.get(op_name, op)(*_in_float64(cpu_args), **_in_float64(cpu_kwargs))
+        exact = _FLOAT64_REFERENCE.get(op_name, op)(*exactness.in_float64(cpu_args), **exactness.in_float64(cpu_kwargs))
     except Exception:  # noqa: BLE001 - no float64 kernel: no arbitration
         return False
-    leaves = zip(argument_checks.tensor_leaves(got), argument_checks.tensor_leaves(expected),
-                 argument_checks.tensor_leaves(exact))
-    for g, e, x in leaves:
-        if not e.dtype.is_floating_point or g.shape != x.shape:
-            return False
-        try:
-            _compare(g, e)
-            continue
-        except AssertionError:
-            pass
-        if not exactness.as_close_as_cpu(g, e, x):
-            return False
-    return True
+    return exactness.mismatches_as_close_as_cpu(
+        argument_checks.tensor_leaves(got), argument_checks.tensor_leaves(expected),
+        argument_checks.tensor_leaves(exact), _compare)
 
 
 def run(registry_path: str, ops=None, on_result=None) -> list:
