@@ -1,8 +1,9 @@
 """Long sums, matrix products and convolutions on neuron vs CPU eager: time,
 and each one's distance from the float64 answer, side by side in one run
 (lowering/long_sums.py, split_k.py, long_convolutions.py, convolution_products.py,
-convolution_backward.py), and the backward of bilinear upsampling
-(interpolation_backward.py; before it, the host path: CPU's kernel).
+convolution_backward.py), the backward of bilinear upsampling
+(interpolation_backward.py; before it, the host path: CPU's kernel), and
+float32 sin, cos and tan (trigonometry.py).
 
     python bench/long_reductions.py [--repeats 7] [--only conv] [--write docs/benchmarks.md]
 
@@ -82,6 +83,9 @@ CASES = [  # (name, function, input shapes)
      _upsample_backward([160, 160], [2, 64, 80, 80]), [(2, 64, 160, 160)]),
     ("upsample_bilinear2d backward, [8, 3, 32, 32] from 224x224, corners aligned",
      _upsample_backward([224, 224], [8, 3, 32, 32], True), [(8, 3, 224, 224)]),
+    ("trig: sin of 1M elements, standard normal", torch.sin, [(1 << 20,)]),
+    ("trig: cos of 1M elements, x 1000 (rotary angles)", lambda x: torch.cos(x * 1000), [(1 << 20,)]),
+    ("trig: tan of 1M elements, x 3", lambda x: torch.tan(x * 3), [(1 << 20,)]),
 ]
 
 
