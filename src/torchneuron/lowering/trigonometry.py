@@ -11,8 +11,9 @@ embeddings take cos and sin of position x frequency, thousands of radians).
 Here the argument is reduced in float64 arithmetic (k = round(x * 2/pi),
 r = x - k * pi/2 with pi/2 in three parts: exact for |x| < 2^20 * pi/2,
 about 1.6e6; beyond, the results lose accuracy as CPU's would not) and
-Cephes' float32 minimax polynomials on |r| <= pi/4 give sin r, cos r and
-tan r, combined by the quadrant k mod 4. Only float64 multiply, subtract and
+Cephes' float32 minimax polynomials on |r| <= pi/4 give sin r and cos r,
+combined by the quadrant k mod 4 (tan as their quotient: Cephes' own tan
+polynomial made IREE's compiler hang on a one-element tensor). Only float64 multiply, subtract and
 round are needed, which the device compiles (its float64 sin would not: it
 runs on the host). float16 and bfloat16 come here through float32.
 """
@@ -53,13 +54,6 @@ def _cos_poly(r):
     return ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0
 
 
-def _tan_poly(r):
-    z = r * r
-    p = (((((9.38540185543e-3 * z + 3.11992232697e-3) * z + 2.44301354525e-2) * z + 5.34112807005e-2) * z
-          + 1.33387994085e-1) * z + 3.33331568548e-1)
-    return p * z * r + r
-
-
 def _pick(quadrant, first, second, third, fourth):
     return torch.where(quadrant == 0, first, torch.where(quadrant == 1, second,
                                                          torch.where(quadrant == 2, third, fourth)))
@@ -70,7 +64,7 @@ def sin(x):
         return NotImplemented
     r, q = _reduced(x)
     s, c = _sin_poly(r), _cos_poly(r)
-    return torch.where(torch.isfinite(x), _pick(q, s, c, -s, -c), x - x)  # sin(inf) is nan
+    return torch.where(x == 0, x, torch.where(torch.isfinite(x), _pick(q, s, c, -s, -c), x - x))  # +-0 kept; inf: nan
 
 
 def cos(x):
@@ -85,8 +79,9 @@ def tan(x):
     if x.dtype != torch.float32:
         return NotImplemented
     r, q = _reduced(x)
-    t = _tan_poly(r)
-    return torch.where(torch.isfinite(x), torch.where(q % 2 == 0, t, -1.0 / t), x - x)
+    s, c = _sin_poly(r), _cos_poly(r)
+    odd = torch.bitwise_and(q, 1) == 1
+    return torch.where(x == 0, x, torch.where(torch.isfinite(x), torch.where(odd, -c, s) / torch.where(odd, s, c), x - x))
 
 
 def decompositions() -> dict:

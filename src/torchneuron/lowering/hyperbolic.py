@@ -1,0 +1,55 @@
+"""float32 asinh, atanh and sinh as accurate as PyTorch's CPU kernels.
+
+IREE expands them from their textbook formulas in float32, which cancel:
+asinh(x) = log(x + sqrt(x^2 + 1)) gave -inf for x = -1e4, inf for 1e20 and
+asinh(1e-6) 4.6% off; atanh(1e-6) was 1.3% off and sinh(1e-6) 1.7% off.
+Here they are fdlibm's formulations on |x| with the sign copied back, built
+on log1p, expm1, log and exp, which IREE computes within 2e-7 relative
+error. Every branch is computed and the right one selected (no control
+flow in a compiled graph); float16 and bfloat16 come here through float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+aten = torch.ops.aten
+
+_LN2 = math.log(2.0)
+
+
+def asinh(x):
+    if x.dtype != torch.float32:
+        return NotImplemented
+    a = x.abs()
+    small = torch.log1p(a + a * a / (1.0 + torch.sqrt(1.0 + a * a)))  # |x| < 2
+    middle = torch.log(2.0 * a + 1.0 / (torch.sqrt(a * a + 1.0) + a))  # 2 <= |x| < 2^13
+    large = torch.log(a) + _LN2  # sqrt(x^2 + 1) is |x| to float32's precision (and x^2 may overflow)
+    r = torch.where(a < 2.0, small, torch.where(a < 8192.0, middle, large))
+    return torch.copysign(r, x)
+
+
+def atanh(x):
+    if x.dtype != torch.float32:
+        return NotImplemented
+    a = x.abs()
+    t = a + a
+    r = torch.where(a < 0.5, 0.5 * torch.log1p(t + t * a / (1.0 - a)), 0.5 * torch.log1p(t / (1.0 - a)))
+    return torch.copysign(r, x)
+
+
+def sinh(x):
+    if x.dtype != torch.float32:
+        return NotImplemented
+    a = x.abs()
+    t = torch.expm1(a)
+    half = torch.exp(0.5 * a)  # e^|x| / 2 as (e^(|x|/2) / 2) * e^(|x|/2): finite up to sinh's own limit
+    r = torch.where(a < 1.0, 0.5 * (2.0 * t - t * t / (t + 1.0)),
+                    torch.where(a < 20.0, 0.5 * (t + t / (t + 1.0)), (0.5 * half) * half))
+    return torch.copysign(r, x)
+
+
+def decompositions() -> dict:
+    return {aten.asinh.default: asinh, aten.atanh.default: atanh, aten.sinh.default: sinh}
