@@ -78,3 +78,15 @@ def test_the_float64_judgment_does_not_excuse_another_dtype():
     expected, exact = torch.sin(x), torch.sin(x.double())
     assert not conformance._as_close_to_exact_as_cpu(Op, (x, (), {}), exact.float(), expected,
                                                       *conformance.TOLERANCES[torch.bfloat16])
+
+
+def test_the_float64_judgment_does_not_excuse_a_mismatching_number():
+    import torch
+
+    class Op:  # a result with a tensor that matches and a number that does not
+        op = staticmethod(lambda x: (torch.sin(x), float(x.sum())))
+
+    x = torch.linspace(-3, 3, 50)
+    expected = Op.op(x)
+    got = (expected[0].clone(), expected[1] + 1.0)
+    assert not conformance._as_close_to_exact_as_cpu(Op, (x, (), {}), got, expected, 1e-4, 1e-4)

@@ -43,10 +43,11 @@ def in_float64(value):
 
 def mismatches_as_close_as_cpu(got: list, expected: list, exact: list, close) -> bool:
     """Whether every result of `got` that `close(got, expected)` rejects
-    (raises AssertionError) is a float of CPU's dtype within twice CPU's
-    error of the float64 answer (as_close_as_cpu). Results within the usual tolerance pass
-    as they are (a convolution's bias gradient need not beat CPU's sum when
-    its weight gradient is the one judged); any other mismatch fails."""
+    (raises AssertionError) is a float tensor of CPU's dtype within twice
+    CPU's error of the float64 answer (as_close_as_cpu). Results within the
+    usual tolerance pass as they are (a convolution's bias gradient need not
+    beat CPU's sum when its weight gradient is the one judged); any other
+    mismatch fails."""
     if not (len(got) == len(expected) == len(exact)):
         return False
     for g, e, x in zip(got, expected, exact):
