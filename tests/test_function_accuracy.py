@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import torchneuron  # noqa: F401
+from torchneuron.dispatch import stats as dispatch_stats
 
 _FUNCTIONS = {"sin": torch.sin, "cos": torch.cos, "tan": torch.tan,
               "sinh": torch.sinh, "asinh": torch.asinh, "atanh": torch.atanh}
@@ -50,6 +51,19 @@ def test_float32_results_are_as_close_to_exact_as_cpus(name, limit):
 
     device, cpu = relative(got), relative(fn(x))
     assert device <= 4 * cpu, f"neuron {device:.2e} vs CPU {cpu:.2e} from float64"
+
+
+@pytest.mark.op_mode
+@pytest.mark.parametrize("name", sorted(_FUNCTIONS))
+def test_every_float_dtype_compiles(name):
+    # The rules return NotImplemented for other dtypes; a rule that failed to trace
+    # would leave the op on the host fallback, right but not compiled.
+    fn = _FUNCTIONS[name]
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        before = dict(dispatch_stats.host_fallback)
+        x = (torch.rand(3, 5) * 1.6 - 0.8).to(dtype)
+        torch.testing.assert_close(fn(x.to("neuron")).cpu(), fn(x), rtol=1.6e-2, atol=1e-3)
+        assert dict(dispatch_stats.host_fallback) == before, (dtype, dispatch_stats.host_fallback)
 
 
 @pytest.mark.parametrize("name", sorted(_FUNCTIONS))

@@ -262,8 +262,6 @@ def own_decompositions() -> dict:
     table.update(rnn_cells.decompositions())
     table.update(amp.decompositions())
     table.update(interpolation_backward.decompositions())
-    table.update(trigonometry.decompositions())
-    table.update(hyperbolic.decompositions())
     return table
 
 
@@ -313,6 +311,10 @@ def decomposition_table() -> dict:
         table[op] = long_sums.in_blocks(op, _accumulate_in_float32(op))
     for op in (torch.ops.aten.cumsum.default, torch.ops.aten.cumprod.default):
         table[op] = _scan_as_cpu(op)
+    # float32 only (NotImplemented otherwise: traced as the op); float16 and
+    # bfloat16 reach them through _in_float32 below.
+    table.update(trigonometry.decompositions())
+    table.update(hyperbolic.decompositions())
     table[torch.ops.aten.native_layer_norm.default] = _layer_norm_in_float32
     for op in (torch.ops.aten.var.correction, torch.ops.aten.var_mean.correction,
                torch.ops.aten.native_group_norm.default):
