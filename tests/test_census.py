@@ -318,6 +318,23 @@ def test_a_mismatch_from_flushed_denormals_is_given_that_cause(monkeypatch):
     assert summary["modes"]["compile"]["top_causes"][0][0] == "mismatch: " + census.DENORMALS[:110]
 
 
+def _census_with_an_error(monkeypatch, model, input_name, device_off):
+    """The census of `model` (one [4, 8] input) with 0.01 added to the float32 outputs
+    `device_off` computes: a less accurate side, simulated."""
+    monkeypatch.setattr(census, "build", lambda *a: (model, None))
+    monkeypatch.setattr(census, "inputs_for", lambda m, c: {input_name: torch.randn(4, 8)})
+    monkeypatch.setattr(census, "features", lambda *a: {})
+    run = census._run
+
+    def run_with_an_error(model, inputs, device, backward, compiled=False):
+        outs, grads = run(model, inputs, device, backward, compiled)
+        if device == device_off and outs[0].dtype == torch.float32:
+            outs = [o + 0.01 for o in outs]
+        return outs, grads
+
+    monkeypatch.setattr(census, "_run", run_with_an_error)
+
+
 @pytest.mark.parametrize("less_accurate", ["cpu", "neuron"])
 def test_a_mismatch_is_judged_by_the_float64_answer(monkeypatch, less_accurate):
     """Where neuron and CPU differ, the float64 answer decides, as in the unit stage: a neuron
@@ -325,18 +342,7 @@ def test_a_mismatch_is_judged_by_the_float64_answer(monkeypatch, less_accurate):
     mismatch. The less accurate side is simulated by an error on its outputs."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
-    monkeypatch.setattr(census, "build", lambda *a: (model, None))
-    monkeypatch.setattr(census, "inputs_for", lambda m, c: {"input": torch.randn(4, 8)})
-    monkeypatch.setattr(census, "features", lambda *a: {})
-    run = census._run
-
-    def run_with_an_error(model, inputs, device, backward, compiled=False):
-        outs, grads = run(model, inputs, device, backward, compiled)
-        if device == less_accurate and outs[0].dtype == torch.float32:
-            outs = [o + 0.01 for o in outs]
-        return outs, grads
-
-    monkeypatch.setattr(census, "_run", run_with_an_error)
+    _census_with_an_error(monkeypatch, model, "input", less_accurate)
     entry = census.run_one("linear", "X", "base", ["compile"])["modes"]["compile"]
     if less_accurate == "cpu":
         assert entry["forward"] == "pass" and "from float64" in entry["forward_arbitrated"], entry
@@ -373,16 +379,7 @@ def test_a_model_that_does_not_run_in_float64_keeps_its_mismatch(monkeypatch):
 
     torch.manual_seed(0)
     model = Float32Only()
-    monkeypatch.setattr(census, "build", lambda *a: (model, None))
-    monkeypatch.setattr(census, "inputs_for", lambda m, c: {"x": torch.randn(4, 8)})
-    monkeypatch.setattr(census, "features", lambda *a: {})
-    run = census._run
-
-    def neuron_off(model, inputs, device, backward, compiled=False):
-        outs, grads = run(model, inputs, device, backward, compiled)
-        return ([o + 0.01 for o in outs] if device == "neuron" else outs), grads
-
-    monkeypatch.setattr(census, "_run", neuron_off)
+    _census_with_an_error(monkeypatch, model, "x", "neuron")
     with pytest.raises(RuntimeError):  # what the census meets
         census._float64_reference(model, {"x": torch.randn(4, 8)}, model.state_dict(), False)
     entry = census.run_one("float32_only", "X", "base", ["compile"])["modes"]["compile"]
