@@ -1,6 +1,9 @@
 """Compile-first eager mode: ops run as cached IREE executables, asynchronously
 (issue: compile-first eager mode)."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -166,6 +169,42 @@ def test_rejected_op_runs_on_host_and_is_not_retried():
     torchneuron.config.set(fallback="error")
     with pytest.raises(torchneuron.FallbackError, match="copysign"):
         torch.copysign(x.neuron(), y.neuron())
+
+
+@pytest.mark.parametrize("limit, setting, message, op", [
+    ({"compile_timeout_s": 0.01}, "TORCHNEURON_COMPILE_TIMEOUT", "time limit of 0.01 s", "atan2"),
+    ({"compile_memory_mb": 16}, "TORCHNEURON_COMPILE_MEMORY_MB", "memory limit of 16 MiB", "hypot"),
+])
+def test_a_compile_stopped_by_a_limit_runs_on_host_names_the_limit_and_is_tried_again(limit, setting, message, op):
+    # A compiler that loops (IREE 3.13 did, growing past 9 GB) is stopped by
+    # the time or memory limit; here the limits are set too low for any compile.
+    fn = getattr(torch, op)
+    x = torch.randn(13, 29, 3) + 1  # a shape no other test uses: its compile happens here
+    original = x.clone()
+    n = x.neuron()
+    (n + 1).cpu()  # the target CPU is resolved (a compile too) before the limit
+    torchneuron.reset_stats()
+    saved = {name: torchneuron.config.get(name) for name in limit}
+    torchneuron.config.set(**limit)
+    try:
+        r = fn(n, n)
+        torch.testing.assert_close(r.cpu(), fn(x, x))
+        torch.testing.assert_close(n.cpu(), original)  # the input untouched
+        reason = torchneuron.compile_stats()["not_compiled"][f"aten.{op}.default"]
+        assert setting in reason and message in reason
+        assert torchneuron.fallback_ops()[f"aten.{op}.default"] == 1
+    finally:
+        torchneuron.config.set(**saved)
+    # A limit says nothing about the op: its verdict is not stored for other
+    # processes, and the next one compiles it (this one does not try again).
+    code = ("import torch, torchneuron\n"
+            "x = torch.randn(13, 29, 3) + 1\n"
+            f"r = torch.{op}(x.neuron(), x.neuron())\n"
+            f"torch.testing.assert_close(r.cpu(), torch.{op}(x, x))\n"
+            "assert torchneuron.fallback_ops() == {}, torchneuron.compile_stats()['not_compiled']\n"
+            "print('compiled')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
 
 
 def test_mixed_devices_still_refused_on_compiled_path():

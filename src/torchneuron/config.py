@@ -33,6 +33,28 @@ def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from None
+
+
+def _default_compile_memory_mb() -> int:
+    """A quarter of the machine's memory, at least 2 GiB: room for the
+    largest compiles measured (a few hundred MiB), while a compiler that
+    loops (IREE 3.13 did, on some one-element graphs, growing past 9 GB)
+    is stopped before it takes the program's memory."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+    except (ValueError, OSError, AttributeError):
+        return 0
+    return max(2048, total // 4)
+
+
 def _default_cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "torchneuron")
@@ -103,6 +125,14 @@ class Settings:
     profiler: bool = field(default_factory=lambda: _env_int("TORCHNEURON_PROFILER", 1) != 0)
     # Compile workers (0: one per core).
     compile_workers: int = field(default_factory=lambda: _env_int("TORCHNEURON_COMPILE_WORKERS", 0))
+    # Limits of each compiler process: seconds before it is stopped, and MiB
+    # of data memory (0: no limit). A compile stopped by either fails as any
+    # compile failure does (the op runs on the host, a graph in eager mode),
+    # with an error naming the limit.
+    compile_timeout_s: float = field(default_factory=lambda: _env_float("TORCHNEURON_COMPILE_TIMEOUT", 1200.0))
+    compile_memory_mb: int = field(
+        default_factory=lambda: _env_int("TORCHNEURON_COMPILE_MEMORY_MB", _default_compile_memory_mb())
+    )
     # In-memory executable cache bounds.
     cache_max_entries: int = field(default_factory=lambda: _env_int("TORCHNEURON_CACHE_MAX_ENTRIES", 4096))
     cache_max_mb: int = field(default_factory=lambda: _env_int("TORCHNEURON_CACHE_MAX_MB", 1024))

@@ -30,7 +30,7 @@ from .. import _C, config, trace
 from ..cache import executable_cache, layers
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
-from ..compiler import target_flags
+from ..compiler import says_nothing_about_the_module, target_flags
 from ..compiler.pool import background_pool, default_workers
 from ..dispatch import eager, host_fallback, host_threads
 from ..dispatch import stats as op_stats
@@ -283,7 +283,7 @@ def _build(fused, spec, floats, ints, stable, ops) -> None:
         if units is None:
             units = []
             _build_range(spec, floats, ints, ops, 0, len(spec.ops), target, units, fused, top=True)
-            if pid is not None and not any("Error code: -" in r for r in fused.reason.split("\n")):
+            if pid is not None and not says_nothing_about_the_module(fused.reason):
                 disk.put_plan(pid, {"kind": "graph", "units": [[u.start, u.end, u.executable.key if u.executable
                                                                  else None] for u in units]})
         fused.units = units

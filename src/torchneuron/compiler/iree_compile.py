@@ -87,9 +87,12 @@ def cpu_flags(cpu) -> tuple:
 class CompilerToolError(RuntimeError):
     """iree-compile exited with an error: its diagnostics and command line."""
 
-    def __init__(self, command: list, returncode: int, stderr: bytes):
+    def __init__(self, command: list, returncode: int, stderr: bytes, limit: str | None = None):
         self.command, self.returncode = command, returncode
         self.diagnostics = stderr.decode("utf-8", errors="replace")
+        self.limit = limit  # which of the compiler's limits stopped it, or None
+        if limit:
+            self.diagnostics = f"{limit}\n{self.diagnostics}"
         super().__init__(f"Error invoking IREE compiler tool {os.path.basename(command[0])}\n"
                          f"Error code: {returncode}\nDiagnostics:\n{self.diagnostics}\n\n"
                          f"Invoked with:\n {' '.join(command)}\n\n"
@@ -136,13 +139,64 @@ def run_compiler(source, **options) -> bytes:
     lower priority. Raises CompilerToolError."""
     command = _command(**options)
     data = source.encode() if isinstance(source, str) else bytes(source)
+    timeout = config.settings.compile_timeout_s or None
+    memory_mb = config.settings.compile_memory_mb
     process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if memory_mb > 0:
+        _limit_memory(process.pid, memory_mb)
     if in_background():
         lower_priority(process.pid)
-    out, err = process.communicate(data)
+    try:
+        out, err = process.communicate(data, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, err = process.communicate()
+        raise CompilerToolError(command, process.returncode, err, limit=(
+            f"the compiler ran past its time limit of {timeout:g} s and was stopped "
+            "(TORCHNEURON_COMPILE_TIMEOUT)")) from None
     if process.returncode != 0:
-        raise CompilerToolError(command, process.returncode, err)
+        limit = None
+        if memory_mb > 0 and _out_of_memory(process.returncode, err):
+            limit = (f"the compiler ran out of its memory limit of {memory_mb} MiB "
+                     "(TORCHNEURON_COMPILE_MEMORY_MB)")
+        raise CompilerToolError(command, process.returncode, err, limit=limit)
     return out
+
+
+def _limit_memory(pid: int, megabytes: int) -> None:
+    """Cap a compiler process's data memory (heap and private mappings) once
+    it has started: set from here rather than in the child before exec,
+    which is unsafe in a process with threads. The compiler's first
+    allocations are small, so the moment between is harmless."""
+    import resource
+
+    try:
+        limit = megabytes << 20
+        resource.prlimit(pid, resource.RLIMIT_DATA, (limit, limit))
+    except (OSError, ValueError, AttributeError):
+        pass  # the process already ended, or the platform has no prlimit
+
+
+# What the compiler prints when an allocation fails: LLVM's, IREE's runtime's
+# (its constant evaluation), and thread creation's.
+_OUT_OF_MEMORY = ("out of memory", "RESOURCE_EXHAUSTED", "std::bad_alloc", "pthread_create failed",
+                  "thread creation failed")
+
+
+_LIMIT_SETTINGS = ("TORCHNEURON_COMPILE_TIMEOUT", "TORCHNEURON_COMPILE_MEMORY_MB")
+
+
+def says_nothing_about_the_module(reason: str) -> bool:
+    """Whether a compile failure (its message) is the compiler's process
+    ending abnormally (killed by a signal, out of memory or disk) or stopped
+    by a limit of this machine, not the compiler's verdict on the module:
+    such failures are not remembered for other processes."""
+    return "Error code: -" in reason or any(name in reason for name in _LIMIT_SETTINGS)
+
+
+def _out_of_memory(returncode: int, stderr: bytes) -> bool:
+    text = stderr.decode("utf-8", errors="replace")
+    return returncode == -9 or any(marker in text for marker in _OUT_OF_MEMORY)
 
 
 def compile_mlir(mlir: str, what: str, driver: str | None = None, target: tuple | None = None) -> tuple:

@@ -28,7 +28,7 @@ from .. import config
 from ..cache import cache_key, executable_cache, layers
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
-from ..compiler import CompileError, compile_pool, data_tiling, target_flags, target_known
+from ..compiler import CompileError, compile_pool, data_tiling, says_nothing_about_the_module, target_flags, target_known
 from ..compiler.pool import background_pool, default_workers
 from ..compiler.progress import progress
 from ..lowering import NeedsResize, NotCompilable, lower_call, signature_of
@@ -395,8 +395,9 @@ def wait_for_builds(timeout: float | None = None) -> bool:
 
 def _deterministic(plan) -> bool:
     """Whether a verdict holds for every process: a compiler that crashed
-    (killed, out of memory or disk) says nothing about the op."""
-    return type(plan) is not _Rejected or "Error code: -" not in plan.reason
+    (killed, out of memory or disk) or was stopped by a limit says nothing
+    about the op."""
+    return type(plan) is not _Rejected or not says_nothing_about_the_module(plan.reason)
 
 
 def _build_or_reject(op, info, sig, target, lower):
