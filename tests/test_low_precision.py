@@ -80,11 +80,62 @@ def test_layer_norm_normalizes_in_float32_as_cpu(dtype, affine):
     want, got = _on_both(lambda t, *p: torch.nn.functional.layer_norm(t, (24,), *p, eps=1e-5), x, *params)
     torch.testing.assert_close(got.cpu(), want)
     _no_fallback("aten.native_layer_norm.default")
-    # The statistics hold CPU's values (rounded to the input's type), though
-    # neuron's buffers for them are float32, as CUDA's (the meta kernel's choice).
+    # The statistics hold CPU's values in CPU's dtype (the input's; the meta
+    # kernel says float32, CUDA's choice, but the host path gives CPU's).
     want, got = _on_both(lambda t: torch.native_layer_norm(t, [24], None, None, 1e-5), x)
     for w, g in zip(want, got):
-        torch.testing.assert_close(g.cpu(), w, check_dtype=False)
+        torch.testing.assert_close(g.cpu(), w)
+
+
+_A = torch.ops.aten
+_NORMALIZATIONS = {  # name -> fn(x, weight, bias, running mean, running var)
+    "native_layer_norm": lambda x, w, b, m, v: _A.native_layer_norm(x, [6], w, b, 1e-5),
+    "native_group_norm": lambda x, w, b, m, v: _A.native_group_norm(x, w, b, 4, 6, 6, 2, 1e-5),
+    "native_batch_norm": lambda x, w, b, m, v: _A.native_batch_norm(x, w, b, m, v, True, 0.1, 1e-5),
+    "_native_batch_norm_legit": lambda x, w, b, m, v: _A._native_batch_norm_legit(x, w, b, m, v, True, 0.1, 1e-5),
+    "_native_batch_norm_legit.no_stats": lambda x, w, b, m, v: _A._native_batch_norm_legit.no_stats(x, w, b, True,
+                                                                                                   0.1, 1e-5),
+    "_batch_norm_with_update": lambda x, w, b, m, v: _A._batch_norm_with_update(x, w, b, m, v, 0.1, 1e-5),
+}
+
+
+@pytest.mark.parametrize("params", [None, torch.float32], ids=["same", "float32-params"])
+@pytest.mark.parametrize("dtype", LOW, ids=_name)
+@pytest.mark.parametrize("name", sorted(_NORMALIZATIONS))
+def test_normalization_statistics_have_cpus_dtype_and_values(name, dtype, params):
+    # CPU keeps a half-precision input's statistics in its dtype, float32 when
+    # a parameter is float32 ("mixed"); the values are CPU's float32 moments,
+    # rounded only where CPU rounds them.
+    fn = _NORMALIZATIONS[name]
+    p = params or dtype
+    x = _ramp((4, 6, 6), dtype, scale=3.0)
+    w, b = _ramp((6,), p, 0.5) + 1.0, _ramp((6,), p, 0.5)
+    mean, var = _ramp((6,), p, 0.3), _ramp((6,), p, 0.2) + 1.0
+    with_running = "batch" in name and "no_stats" not in name
+    want, got = _on_both(lambda x, w, b: fn(x, w, b, None, None), x, w, b) if not with_running else (None, None)
+    if want is None:  # the running statistics are updated in place, as CPU's
+        want = fn(x, w, b, mean_c := mean.clone(), var_c := var.clone())
+        got = fn(x.to("neuron"), w.to("neuron"), b.to("neuron"), mean_n := mean.to("neuron"), var_n := var.to("neuron"))
+        torch.testing.assert_close(mean_n.cpu(), mean_c)
+        torch.testing.assert_close(var_n.cpu(), var_c)
+    for i, (c, n) in enumerate(zip(want[:3], got[:3])):
+        assert n.dtype == c.dtype, (i, n.dtype, c.dtype)
+        # float32 statistics of a mixed call are not rounded to the input's type
+        tolerance = {"rtol": 1e-5, "atol": 1e-6} if c.dtype == torch.float32 else {}
+        torch.testing.assert_close(n.cpu(), c, **tolerance)
+    _no_fallback(f"aten.{name}" + ("" if "." in name else ".default"))
+
+
+def test_statistics_dtype_is_the_same_while_compiling_and_compiled():
+    # The first call runs on the host while it compiles; it and the compiled
+    # calls after it must agree on the results' dtypes.
+    torchneuron.config.set(compile_wait=False)
+    x = _ramp((3, 10), torch.float16).to("neuron")
+    dtypes = []
+    for _ in range(3):
+        dtypes.append([t.dtype for t in torch.native_layer_norm(x, [10], None, None, 1e-4)])
+        torchneuron.wait_for_compiles()
+    assert dtypes == [[torch.float16] * 3] * 3
 
 
 @pytest.mark.parametrize("dtype", LOW, ids=_name)

@@ -86,19 +86,28 @@ def _scan_as_cpu(op):
     return decompose
 
 
-def _layer_norm_in_float32(x, normalized_shape, weight, bias, eps):
-    """native_layer_norm of float16/bfloat16 (weight and bias of the same type
-    or none): moments and normalization in float32, each result rounded once,
-    as PyTorch's CPU kernel does; IREE would compute it in the narrow type."""
-    params = [t for t in (weight, bias) if t is not None]
-    if x.dtype not in _LOW_PRECISION or any(t.dtype != x.dtype for t in params):
-        return NotImplemented
+def _normalization_in_float32(op):
+    """native_layer_norm / native_group_norm of float16/bfloat16: moments and
+    normalization in float32, each result rounded once, as PyTorch's CPU
+    kernels do; IREE would compute them in the narrow type. With float32
+    weight or bias ("mixed") CPU keeps the moments float32 (PyTorch's
+    reference rounds them to the input's type on CPU devices, which CPU's
+    kernels do not). Both ops take (input, ..., weight, bias, ...) with the
+    parameters at positions 1-2 (group norm) or 2-3 (layer norm)."""
+    at = 2 if op is torch.ops.aten.native_layer_norm.default else 1
 
-    def up(t):
-        return None if t is None else t.to(torch.float32)
+    def decompose(x, *args):
+        params = [t for t in args[at - 1:at + 1] if t is not None]
+        if x.dtype not in _LOW_PRECISION or any(t.dtype not in (x.dtype, torch.float32) for t in params):
+            return NotImplemented
+        mixed = any(t.dtype == torch.float32 for t in params)
+        up = [a.to(torch.float32) if isinstance(a, torch.Tensor) else a for a in args]
+        out, mean, rstd = op(x.to(torch.float32), *up)
+        if mixed:
+            return out.to(x.dtype), mean, rstd
+        return out.to(x.dtype), mean.to(x.dtype), rstd.to(x.dtype)
 
-    out = torch.ops.aten.native_layer_norm.default(up(x), normalized_shape, up(weight), up(bias), eps)
-    return tuple(o.to(x.dtype) for o in out)
+    return decompose
 
 
 def _rounded_to(x, low):
@@ -144,13 +153,18 @@ def _batch_norm_as_cpu(op):
     input's type first (CPU's save_mean and save_invstd), in evaluation the
     running statistics serve as they are; then x * a + b, a = invstd * weight,
     b = bias - mean * a, in float32, rounded once. The saved statistics and
-    running updates stay PyTorch's."""
+    running updates stay PyTorch's. With float32 parameters ("mixed") CPU
+    computes and keeps the statistics in float32: so does this."""
 
     def decompose(x, weight, bias, running_mean, running_var, *rest):
         # native_batch_norm: (..., training, momentum, eps); _batch_norm_with_update: (..., momentum, eps)
         training, eps = (rest[0] if len(rest) == 3 else True), rest[-1]
-        result = op(x, weight, bias, running_mean, running_var, *rest)
         params = [t for t in (weight, bias, running_mean, running_var) if t is not None]
+        if x.dtype in _LOW_PRECISION and params and all(t.dtype == torch.float32 for t in params):
+            # Mixed (CPU's kernel keeps the statistics float32): all in float32, the output rounded once.
+            out, *saved = op(x.to(torch.float32), weight, bias, running_mean, running_var, *rest)
+            return (out.to(x.dtype), *saved)
+        result = op(x, weight, bias, running_mean, running_var, *rest)
         if x.dtype not in _LOW_PRECISION or any(t.dtype != x.dtype for t in params) or x.numel() == 0:
             return result
         xf = x.to(torch.float32)
@@ -166,6 +180,12 @@ def _batch_norm_as_cpu(op):
         return (out, *result[1:])
 
     return decompose
+
+
+def _batch_norm_without_running_statistics(x, weight, bias, training, momentum, eps):
+    """_native_batch_norm_legit.no_stats: the batch norm above with no running statistics."""
+    return _batch_norm_as_cpu(torch.ops.aten.native_batch_norm.default)(
+        x, weight, bias, None, None, training, momentum, eps)
 
 
 def _gelu_tanh(x, approximate="none"):
@@ -271,8 +291,10 @@ def direct_decompositions() -> dict:
     plus rewrites that end in the op itself (not for the export's table)."""
     table = dict(own_decompositions())
     table.update(tensor_ops.direct_rewrites())
-    for op in (torch.ops.aten.native_batch_norm.default, torch.ops.aten._batch_norm_with_update.default):
+    for op in (torch.ops.aten.native_batch_norm.default, torch.ops.aten._batch_norm_with_update.default,
+               torch.ops.aten._native_batch_norm_legit.default):
         table[op] = _batch_norm_as_cpu(op)
+    table[torch.ops.aten._native_batch_norm_legit.no_stats] = _batch_norm_without_running_statistics
     # Ops with a CPU kernel and a composite one reach the backend whole, and
     # torch.export keeps them whole, which torch-mlir does not lower: trace
     # PyTorch's decomposition instead (the upsamplings and batch norm have
@@ -315,9 +337,9 @@ def decomposition_table() -> dict:
     # bfloat16 reach them through _in_float32 below.
     table.update(trigonometry.decompositions())
     table.update(hyperbolic.decompositions())
-    table[torch.ops.aten.native_layer_norm.default] = _layer_norm_in_float32
-    for op in (torch.ops.aten.var.correction, torch.ops.aten.var_mean.correction,
-               torch.ops.aten.native_group_norm.default):
+    for op in (torch.ops.aten.native_layer_norm.default, torch.ops.aten.native_group_norm.default):
+        table[op] = _normalization_in_float32(op)
+    for op in (torch.ops.aten.var.correction, torch.ops.aten.var_mean.correction):
         table[op] = _in_float32(op, None)  # CPU's moments accumulate in float32 too
     table[torch.ops.aten._log_softmax.default] = _log_softmax_as_cpu(table[torch.ops.aten._log_softmax.default])
     for op in (torch.ops.aten._softmax.default, torch.ops.aten._log_softmax.default):

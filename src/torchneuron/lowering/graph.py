@@ -166,12 +166,12 @@ def _call_results(op, info, sig: CallSignature):
         result = _on_meta(op, *numbers_as_tensors(op, args, kwargs))
     except NotImplementedError as e:
         raise NotCompilable(f"no shape function: {e}") from None
-    except RuntimeError as e:
+    except (RuntimeError, TypeError) as e:  # TypeError: a meta decomposition refusing None (batch norm's weight)
         raise NotCompilable(f"shape inference failed: {e}") from None
     resized = {i: tuple(m.shape) for i, (m, b) in enumerate(zip(metas, before)) if tuple(m.shape) != b}
     if resized:
         raise NeedsResize(resized)
-    result = _as_cpu_shapes(op, args, result)
+    result = _as_cpu_results(op, args, result)
     out_specs: list = []
     returns = _returns_template(result, metas, out_specs)
     if (sig.floats or sig.ints) and not _shapes_independent_of_scalars(op, sig, out_specs):
@@ -225,12 +225,35 @@ _EVAL_STATISTICS = {
 }
 
 
-def _as_cpu_shapes(op, args, result):
+# Normalizations whose saved statistics (results 1 and 2) CPU keeps in the
+# input's half-precision dtype unless a parameter is float32 ("mixed": then
+# float32); the meta kernels differ (CUDA's convention, float32 for layer and
+# batch norm; the input's dtype for group norm). Results take CPU's dtypes,
+# which the host path gives too. op -> positions of its parameters.
+_HALF_STATISTICS = {
+    _A.native_layer_norm.default: (2, 3),
+    _A.native_batch_norm.default: (1, 2, 3, 4),
+    _A._native_batch_norm_legit.default: (1, 2, 3, 4),
+    _A._native_batch_norm_legit.no_stats: (1, 2),
+    _A._batch_norm_with_update.default: (1, 2, 3, 4),
+    _A.native_group_norm.default: (1, 2),
+}
+
+
+def _as_cpu_results(op, args, result):
     training_at = _EVAL_STATISTICS.get(op, False)
-    if training_at is False or (training_at is not None and args[training_at]):
+    if training_at is not False and (training_at is None or not args[training_at]):
+        empty = [r.new_empty((0,)) for r in result[1:3]]
+        result = (result[0], *empty, *result[3:])
+    params = _HALF_STATISTICS.get(op)
+    if params is None:
         return result
-    empty = [r.new_empty((0,)) for r in result[1:3]]
-    return (result[0], *empty, *result[3:])
+    dtype = args[0].dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        if any(isinstance(args[p], torch.Tensor) and args[p].dtype == torch.float32 for p in params if p < len(args)):
+            dtype = torch.float32
+        result = (result[0], *(r.to(dtype) for r in result[1:3]), *result[3:])
+    return result
 
 
 def _on_meta(op, args, kwargs):
