@@ -1,11 +1,12 @@
 """float32 elementary functions are as close to exact as CPU's
-(lowering/trigonometry.py, hyperbolic.py).
+(lowering/trigonometry.py, hyperbolic.py, double_evaluation.py).
 
 IREE's own float32 expansions were inaccurate where the result is small or
 the formula cancels: sin of small x 4.3e-3 off relatively, 1-11 near the
 zeros of sin and cos for |x| < 10, up to 1e4 for |x| < 1e5, tan inf near its
 poles; asinh(-1e4) was -inf, asinh(1e-6) 4.6% off, atanh(1e-6) 1.3%,
-sinh(1e-6) 1.7%. Each case compares neuron's and CPU's largest relative
+sinh(1e-6) 1.7%; atan and atan2 4.1e-6, pow of tensors 3.1e-6, asin
+5.3e-7 (CPU 6-9e-8). Each case compares neuron's and CPU's largest relative
 distance from the float64 answer."""
 
 import math
@@ -17,10 +18,12 @@ import torchneuron  # noqa: F401
 from torchneuron.dispatch import stats as dispatch_stats
 
 _FUNCTIONS = {"sin": torch.sin, "cos": torch.cos, "tan": torch.tan,
-              "sinh": torch.sinh, "asinh": torch.asinh, "atanh": torch.atanh}
+              "sinh": torch.sinh, "asinh": torch.asinh, "atanh": torch.atanh,
+              "atan": torch.atan, "asin": torch.asin}
 _RANGES = {  # (limit of |x|, ...) each function is judged over
     "sin": (1.0, 100.0, 1e5), "cos": (1.0, 100.0, 1e5), "tan": (1.0, 100.0, 1e5),
     "sinh": (1e-3, 1.0, 88.0), "asinh": (1e-3, 10.0, 1e20), "atanh": (1e-3, 0.5, 0.9999),
+    "atan": (1e-3, 10.0, 1e20), "asin": (1e-3, 0.5, 1.0),
 }
 
 
@@ -85,7 +88,70 @@ def test_gradients_as_cpu():
     for device in ("cpu", "neuron"):
         leaf = x.clone().to(device).requires_grad_()
         y = torch.sin(leaf) * torch.cos(leaf) + torch.tan(leaf / 7) + torch.asinh(leaf) + torch.sinh(leaf / 10) \
-            + torch.atanh(leaf / 21)
+            + torch.atanh(leaf / 21) + torch.atan(leaf) + torch.asin(leaf / 21) + torch.atan2(leaf, leaf.flip(0) + 0.5) \
+            + (leaf.abs() + 1) ** (leaf / 40)
         y.sum().backward()
         grads.append(leaf.grad.cpu())
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5)
+
+
+def _closest(got, fn, *args):
+    """(neuron's, CPU's) largest relative distance from the float64 answer."""
+    exact = fn(*(a.double() for a in args))
+    finite = torch.isfinite(exact) & (exact != 0)
+
+    def relative(result):
+        return ((result.double() - exact).abs() / exact.abs())[finite].max().item()
+
+    return relative(got), relative(fn(*args))
+
+
+def test_atan2_as_close_to_exact_as_cpus_and_its_special_values_as_cpu():
+    gen = torch.Generator().manual_seed(1)
+    y = torch.randn(1 << 16, generator=gen) * torch.exp(torch.randn(1 << 16, generator=gen) * 4)
+    x = torch.randn(1 << 16, generator=gen) * torch.exp(torch.randn(1 << 16, generator=gen) * 4)
+    got = torch.atan2(y.to("neuron"), x.to("neuron")).cpu()
+    device, cpu = _closest(got, torch.atan2, y, x)
+    assert device <= 2 * cpu, f"neuron {device:.2e} vs CPU {cpu:.2e} from float64"
+    # Every pair of special values: signed zeros, infinities, nan, ordinary numbers.
+    values = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1.5, -2.0, 1e-30])
+    ys, xs = values.repeat_interleave(len(values)), values.repeat(len(values))
+    got, expected = torch.atan2(ys.to("neuron"), xs.to("neuron")).cpu(), torch.atan2(ys, xs)
+    torch.testing.assert_close(got, expected, equal_nan=True, rtol=1e-7, atol=0)
+    numbers = ~torch.isnan(expected)  # (a nan's sign means nothing)
+    assert torch.equal(torch.signbit(got)[numbers], torch.signbit(expected)[numbers]), "a zero or pi with the wrong sign"
+
+
+def test_pow_as_close_to_exact_as_cpus():
+    gen = torch.Generator().manual_seed(2)
+    base = torch.rand(1 << 16, generator=gen) * 20 + 1e-3
+    exponent = torch.randn(1 << 16, generator=gen) * 4
+    cases = [
+        (lambda b, e: torch.pow(b, e), base, exponent),
+        (lambda e: torch.pow(10000.0, e), exponent.abs() / 4),  # rotary embeddings' frequencies
+    ]
+    for fn, *args in cases:
+        got = fn(*(a.to("neuron") for a in args)).cpu()
+        device, cpu = _closest(got, fn, *args)
+        assert device <= 2 * cpu, f"neuron {device:.2e} vs CPU {cpu:.2e} from float64"
+    # Every pair of special bases and exponents (negative bases with integer
+    # exponents were nan), as CPU, signs of zeros and infinities included.
+    values = torch.tensor([-2.0, -0.5, 0.0, -0.0, float("inf"), float("-inf"), 3.0, float("nan"), 1.0, -1.0,
+                           2.0, -3.0, 0.5, -2.5])
+    b, e = values.repeat_interleave(len(values)), values.repeat(len(values))
+    got, expected = torch.pow(b.to("neuron"), e.to("neuron")).cpu(), torch.pow(b, e)
+    torch.testing.assert_close(got, expected, equal_nan=True, rtol=1e-6, atol=0)
+    numbers = ~torch.isnan(expected)
+    assert torch.equal(torch.signbit(got)[numbers], torch.signbit(expected)[numbers])
+
+
+@pytest.mark.op_mode
+def test_atan2_and_pow_compile_in_every_float_dtype():
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        before = dict(dispatch_stats.host_fallback)
+        y, x = (torch.rand(3, 5) * 4 - 2).to(dtype), (torch.rand(3, 5) * 4 - 2).to(dtype)
+        p = (torch.rand(3, 5) + 0.1).to(dtype)
+        for fn, args in ((torch.atan2, (y, x)), (torch.pow, (p, x)), (lambda a: 3.0 ** a, (x,))):
+            got = fn(*(a.to("neuron") for a in args)).cpu()
+            torch.testing.assert_close(got, fn(*args), rtol=1.6e-2, atol=1e-3)
+        assert dict(dispatch_stats.host_fallback) == before, (dtype, dispatch_stats.host_fallback)
