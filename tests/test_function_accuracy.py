@@ -5,8 +5,8 @@ IREE's own float32 expansions were inaccurate where the result is small or
 the formula cancels: sin of small x 4.3e-3 off relatively, 1-11 near the
 zeros of sin and cos for |x| < 10, up to 1e4 for |x| < 1e5, tan inf near its
 poles; asinh(-1e4) was -inf, asinh(1e-6) 4.6% off, atanh(1e-6) 1.3%,
-sinh(1e-6) 1.7%; atan and atan2 4.1e-6, pow of tensors 3.1e-6, asin
-5.3e-7 (CPU 6-9e-8). Each case compares neuron's and CPU's largest relative
+sinh(1e-6) 1.7%; atan and atan2 4.1e-6, pow 3.1e-6, asin 5.3e-7 (CPU
+6-9e-8). Each case compares neuron's and CPU's largest relative
 distance from the float64 answer."""
 
 import math
@@ -128,6 +128,8 @@ def test_pow_as_close_to_exact_as_cpus():
     exponent = torch.randn(1 << 16, generator=gen) * 4
     cases = [
         (lambda b, e: torch.pow(b, e), base, exponent),
+        (lambda b: torch.pow(b, -1.5), base),
+        (lambda b: torch.pow(b, 0.37), base),
         (lambda e: torch.pow(10000.0, e), exponent.abs() / 4),  # rotary embeddings' frequencies
     ]
     for fn, *args in cases:
@@ -143,6 +145,12 @@ def test_pow_as_close_to_exact_as_cpus():
     torch.testing.assert_close(got, expected, equal_nan=True, rtol=1e-6, atol=0)
     numbers = ~torch.isnan(expected)
     assert torch.equal(torch.signbit(got)[numbers], torch.signbit(expected)[numbers])
+    # The same bases by number exponents (0 ** -1 was -inf).
+    for exponent in (2, 3, -1, -2, 5, 0.5, -0.5, -2.5, 0.37, 0, 1, float("inf"), float("-inf"), float("nan")):
+        got, expected = torch.pow(values.to("neuron"), exponent).cpu(), torch.pow(values, exponent)
+        torch.testing.assert_close(got, expected, equal_nan=True, rtol=1e-6, atol=0)
+        numbers = ~torch.isnan(expected)
+        assert torch.equal(torch.signbit(got)[numbers], torch.signbit(expected)[numbers]), exponent
 
 
 @pytest.mark.op_mode
@@ -151,7 +159,8 @@ def test_atan2_and_pow_compile_in_every_float_dtype():
         before = dict(dispatch_stats.host_fallback)
         y, x = (torch.rand(3, 5) * 4 - 2).to(dtype), (torch.rand(3, 5) * 4 - 2).to(dtype)
         p = (torch.rand(3, 5) + 0.1).to(dtype)
-        for fn, args in ((torch.atan2, (y, x)), (torch.pow, (p, x)), (lambda a: 3.0 ** a, (x,))):
+        for fn, args in ((torch.atan2, (y, x)), (torch.pow, (p, x)), (lambda a: a ** 1.5, (p,)),
+                         (lambda a: 3.0 ** a, (x,))):
             got = fn(*(a.to("neuron") for a in args)).cpu()
             torch.testing.assert_close(got, fn(*args), rtol=1.6e-2, atol=1e-3)
         assert dict(dispatch_stats.host_fallback) == before, (dtype, dispatch_stats.host_fallback)

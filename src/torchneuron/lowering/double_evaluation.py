@@ -1,4 +1,4 @@
-"""float32 atan, atan2, asin and pow of tensors evaluated in float64, rounded once.
+"""float32 atan, atan2, asin and pow evaluated in float64, rounded once.
 
 IREE's float32 expansions of these are 7-70x less accurate than PyTorch's
 CPU kernels (largest relative error from the float64 answer over wide
@@ -9,11 +9,9 @@ pow as exp(e log|b|) with C's rules for signs and special values (IREE's
 own made a negative base nan even for an integer exponent); atan, atan2
 and asin through Cephes' float64 arctangent written out here, since IREE
 3.13 leaves float64 atan, atan2 and asin to libm calls its embedded linker
-cannot resolve. pow of a tensor by a number keeps the lowering's own
-(exact for the exponents CPU multiplies or takes roots for; others, e.g.
--1.5, 6.1e-7): this rule gave wrong results through the op path there
-(every element 1), unexplained yet. float16 and bfloat16 come here through
-float32.
+cannot resolve. pow by an exponent CPU multiplies or takes a root for (2,
+3, 0.5, -0.5) keeps the lowering's own, exact already. float16 and bfloat16
+come here through float32.
 """
 
 from __future__ import annotations
@@ -124,6 +122,35 @@ def _pow_tensor_tensor(b, e):
     return _pow64(b, e).to(torch.float32)
 
 
+# Exponents CPU's kernel computes by multiplication, a reciprocal, sqrt or
+# rsqrt: the lowering's own pow gives CPU's results there.
+_EXACT_EXPONENTS = (1.0, 2.0, 3.0, 0.5, -0.5)
+
+
+def _pow_by_number(x, exponent):
+    """x ** exponent for a number (baked into the executable): _pow64's rules
+    decided in Python. In tensors they would compare a constant float64
+    splat, which torch-mlir folds wrongly (IREE 3.13: a splat of 4.0 compared
+    with the integer 0 folded as equal)."""
+    if isinstance(exponent, bool) or not isinstance(exponent, (int, float)) or x.dtype != torch.float32:
+        return NotImplemented
+    e = float(exponent)
+    if e in _EXACT_EXPONENTS:
+        return NotImplemented
+    b = x.to(torch.float64)
+    if e == 0:
+        return torch.ones_like(x)
+    r = torch.exp(torch.log(b.abs()) * _number(b, e))
+    integer = math.isinf(e) or e.is_integer()
+    negative = _negative(b)
+    if integer and not math.isinf(e) and e % 2 == 1:
+        r = torch.where(negative, -r, r)
+    if not integer:
+        r = torch.where(negative & (b != 0) & torch.isfinite(b), _number(r, math.nan), r)
+    one = (b.abs() == 1) if math.isinf(e) else (b == 1)
+    return torch.where(one, _number(r, 1.0), r).to(torch.float32)
+
+
 def _pow_scalar(base, exponent):
     # base ** tensor (rotary embeddings' 10000 ** (2i / d)): a float32 result only.
     if isinstance(base, bool) or not isinstance(base, (int, float)) or exponent.dtype != torch.float32:
@@ -138,5 +165,6 @@ def decompositions() -> dict:
         aten.atan2.default: atan2,
         aten.asin.default: asin,
         aten.pow.Tensor_Tensor: _pow_tensor_tensor,
+        aten.pow.Tensor_Scalar: _pow_by_number,
         aten.pow.Scalar: _pow_scalar,
     }
