@@ -16,14 +16,23 @@ EXECUTION_MODES = ("compile", "host")
 EAGER_MODES = ("op", "adaptive")
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_number(name: str, default, parse=int):
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        return parse(raw)
     except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+        kind = "an integer" if parse is int else "a number"
+        raise ValueError(f"{name} must be {kind}, got {raw!r}") from None
+
+
+def _env_int(name: str, default: int) -> int:
+    return _env_number(name, default)
+
+
+def _env_float(name: str, default: float) -> float:
+    return _env_number(name, default, float)
 
 
 def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
@@ -33,14 +42,6 @@ def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number, got {raw!r}") from None
 
 
 def _default_compile_memory_mb() -> int:
