@@ -10,8 +10,10 @@ own made a negative base nan even for an integer exponent); atan, atan2
 and asin through Cephes' float64 arctangent written out here, since IREE
 3.13 leaves float64 atan, atan2 and asin to libm calls its embedded linker
 cannot resolve. pow by an exponent CPU multiplies or takes a root for (2,
-3, 0.5, -0.5) keeps the lowering's own, exact already. float16 and bfloat16
-come here through float32.
+3, 0.5, -0.5) keeps the lowering's own, exact already; so does a number
+raised to a tensor (pow.Scalar): in float64 it made iree-compile crash on
+AdamW's step graph (beta ** step over one-element tensors). float16 and
+bfloat16 come here through float32.
 """
 
 from __future__ import annotations
@@ -151,14 +153,6 @@ def _pow_by_number(x, exponent):
     return torch.where(one, _number(r, 1.0), r).to(torch.float32)
 
 
-def _pow_scalar(base, exponent):
-    # base ** tensor (rotary embeddings' 10000 ** (2i / d)): a float32 result only.
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or exponent.dtype != torch.float32:
-        return NotImplemented
-    wide = exponent.to(torch.float64)
-    return _pow64(_number(wide, float(base)), wide).to(torch.float32)
-
-
 def decompositions() -> dict:
     return {
         aten.atan.default: atan,
@@ -166,5 +160,4 @@ def decompositions() -> dict:
         aten.asin.default: asin,
         aten.pow.Tensor_Tensor: _pow_tensor_tensor,
         aten.pow.Tensor_Scalar: _pow_by_number,
-        aten.pow.Scalar: _pow_scalar,
     }
