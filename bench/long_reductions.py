@@ -3,7 +3,8 @@ and each one's distance from the float64 answer, side by side in one run
 (lowering/long_sums.py, split_k.py, long_convolutions.py, convolution_products.py,
 convolution_backward.py), the backward of bilinear upsampling
 (interpolation_backward.py; before it, the host path: CPU's kernel), and
-float32 sin, cos and tan (trigonometry.py).
+float32 sin, cos and tan (trigonometry.py), atan, atan2, asin and pow
+(double_evaluation.py).
 
     python bench/long_reductions.py [--repeats 7] [--only conv] [--write docs/benchmarks.md]
 
@@ -86,6 +87,14 @@ CASES = [  # (name, function, input shapes)
     ("trig: sin of 1M elements, standard normal", torch.sin, [(1 << 20,)]),
     ("trig: cos of 1M elements, x 1000 (rotary angles)", lambda x: torch.cos(x * 1000), [(1 << 20,)]),
     ("trig: tan of 1M elements, x 3", lambda x: torch.tan(x * 3), [(1 << 20,)]),
+    ("float64 evaluation: atan of 1M elements, x 10", lambda x: torch.atan(x * 10), [(1 << 20,)]),
+    ("float64 evaluation: atan2 of 1M elements", torch.atan2, [(1 << 20,), (1 << 20,)]),
+    ("float64 evaluation: asin of 1M elements, x / 8 clamped to [-1, 1]",
+     lambda x: torch.asin((x / 8).clamp(-1, 1)), [(1 << 20,)]),
+    ("float64 evaluation: pow of 1M elements, |x| + 0.1 by y * 4", lambda x, y: torch.pow(x.abs() + 0.1, y * 4),
+     [(1 << 20,), (1 << 20,)]),
+    ("float64 evaluation: pow of 1M elements, (|x| + 0.1) ** -1.5", lambda x: torch.pow(x.abs() + 0.1, -1.5),
+     [(1 << 20,)]),
 ]
 
 

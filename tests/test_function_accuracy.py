@@ -88,7 +88,8 @@ def test_gradients_as_cpu():
     for device in ("cpu", "neuron"):
         leaf = x.clone().to(device).requires_grad_()
         y = torch.sin(leaf) * torch.cos(leaf) + torch.tan(leaf / 7) + torch.asinh(leaf) + torch.sinh(leaf / 10) \
-            + torch.atanh(leaf / 21) + torch.atan(leaf) + torch.asin(leaf / 21) + torch.atan2(leaf, leaf.flip(0) + 0.5) \
+            + torch.atanh(leaf / 21) + torch.atan(leaf) + torch.asin(leaf / 21) \
+            + torch.atan2(leaf, leaf.flip(0) + 0.5) \
             + (leaf.abs() + 1) ** (leaf / 40)
         y.sum().backward()
         grads.append(leaf.grad.cpu())
@@ -119,7 +120,8 @@ def test_atan2_as_close_to_exact_as_cpus_and_its_special_values_as_cpu():
     got, expected = torch.atan2(ys.to("neuron"), xs.to("neuron")).cpu(), torch.atan2(ys, xs)
     torch.testing.assert_close(got, expected, equal_nan=True, rtol=1e-7, atol=0)
     numbers = ~torch.isnan(expected)  # (a nan's sign means nothing)
-    assert torch.equal(torch.signbit(got)[numbers], torch.signbit(expected)[numbers]), "a zero or pi with the wrong sign"
+    signs = torch.signbit(got)[numbers], torch.signbit(expected)[numbers]
+    assert torch.equal(*signs), "a zero or pi with the wrong sign"
 
 
 def test_pow_as_close_to_exact_as_cpus():

@@ -42,8 +42,6 @@ def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
-
-
 def _default_compile_memory_mb() -> int:
     """A quarter of the machine's memory, at least 2 GiB: room for the
     largest compiles measured (a few hundred MiB), while a compiler that

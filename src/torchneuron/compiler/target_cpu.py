@@ -102,7 +102,8 @@ def _probe(description: str) -> TargetCpu:
                                 extra_args=[CPU_FLAG + description, "--compile-to=executable-sources"])
     except CompilerToolError as e:
         if e.limit:
-            raise RuntimeError(f"neuron: resolving the target CPU {description!r} failed: {e.limit}") from None
+            raise RuntimeError(f"neuron: resolving the target CPU {description!r} failed: {e.limit}") \
+                from None
         text = str(e)
         known = re.search(r"List of accepted CPUs: ([^\n]*)", text)
         hint = f"; the compiler knows: {known.group(1)[:1500]}" if known else f":\n{text.strip()[:2000]}"

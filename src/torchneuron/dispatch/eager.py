@@ -28,7 +28,8 @@ from .. import config
 from ..cache import cache_key, executable_cache, layers
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
-from ..compiler import CompileError, compile_pool, data_tiling, says_nothing_about_the_module, target_flags, target_known
+from ..compiler import (CompileError, compile_pool, data_tiling, says_nothing_about_the_module, target_flags,
+                        target_known)
 from ..compiler.pool import background_pool, default_workers
 from ..compiler.progress import progress
 from ..lowering import NeedsResize, NotCompilable, lower_call, signature_of

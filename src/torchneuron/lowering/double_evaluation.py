@@ -22,6 +22,8 @@ import math
 
 import torch
 
+from .special import polevl
+
 aten = torch.ops.aten
 
 
@@ -54,12 +56,7 @@ def _atan_of_magnitude(a):
     middle = ~large & (a > 0.66)
     r = torch.where(large, -1.0 / a, torch.where(middle, (a - 1.0) / (a + 1.0), a))
     z = r * r
-    p = z * 0 + _P[0]
-    for c in _P[1:]:
-        p = p * z + c
-    q = z + _Q[0]
-    for c in _Q[1:]:
-        q = q * z + c
+    p, q = polevl(z, _P), polevl(z, (1.0, *_Q))
     t = r * (z * p / q) + r
     # (a where of two Python numbers would make a float32 tensor)
     return t + torch.where(large, math.pi / 2, torch.where(middle, _number(a, math.pi / 4), 0.0))

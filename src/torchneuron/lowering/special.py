@@ -37,7 +37,7 @@ def _where(cond, a, b):
     return torch.where(cond, a, b)
 
 
-def _polevl(x, coeffs):
+def polevl(x, coeffs):
     r = torch.full_like(x, coeffs[0])
     for c in coeffs[1:]:
         r = r * x + c
@@ -128,7 +128,7 @@ def _digamma_positive(x):
         result = result - 1.0 / (x + k)
     y = x + 10.0
     z = 1.0 / (y * y)
-    series = _where(y < 1e17, z * _polevl(z, _DIGAMMA_A), torch.zeros_like(y))
+    series = _where(y < 1e17, z * polevl(z, _DIGAMMA_A), torch.zeros_like(y))
     return result + torch.log(y) - 0.5 / y - series
 
 
@@ -251,15 +251,15 @@ def ndtri(y0):
     y = _where(code, y0, 1.0 - y0)
     mid = y - 0.5
     y2 = mid * mid
-    central = (mid + mid * (y2 * _polevl(y2, T.ndtri_P0) / _polevl(y2, T.ndtri_Q0))) * 2.50662827463100050242
+    central = (mid + mid * (y2 * polevl(y2, T.ndtri_P0) / polevl(y2, T.ndtri_Q0))) * 2.50662827463100050242
     safe = _where(y > 0, y, torch.full_like(y, 0.5))
     x = torch.sqrt(-2.0 * torch.log(safe))
     x0 = x - torch.log(x) / x
     z = 1.0 / x
     x1 = _where(
         x < 8.0,
-        z * _polevl(z, T.ndtri_P1) / _polevl(z, T.ndtri_Q1),
-        z * _polevl(z, T.ndtri_P2) / _polevl(z, T.ndtri_Q2),
+        z * polevl(z, T.ndtri_P1) / polevl(z, T.ndtri_Q1),
+        z * polevl(z, T.ndtri_P2) / polevl(z, T.ndtri_Q2),
     )
     tail = x0 - x1
     tail = _where(code, -tail, tail)
@@ -369,10 +369,10 @@ def _bessel_asymptotic(x, name, phase, use_sin):
     j0 and j1)."""
     safe = torch.clamp(x, min=5.0)
     z = 25.0 / (safe * safe)
-    pp = _polevl(z, getattr(T, f"{name}_PP"))
-    pq = _polevl(z, getattr(T, f"{name}_PQ"))
-    qp = _polevl(z, getattr(T, f"{name}_QP"))
-    qq = _polevl(z, getattr(T, f"{name}_QQ"))
+    pp = polevl(z, getattr(T, f"{name}_PP"))
+    pq = polevl(z, getattr(T, f"{name}_PQ"))
+    qp = polevl(z, getattr(T, f"{name}_QP"))
+    qq = polevl(z, getattr(T, f"{name}_QQ"))
     c, s = torch.cos(safe - phase), torch.sin(safe - phase)
     if use_sin:  # y: p*sin + q*cos
         core = pp / pq * s + 5.0 / safe * (qp / qq) * c
@@ -388,8 +388,8 @@ _3PI_4 = 2.356194490192344928846982537459627163
 def bessel_j0(x):
     x = torch.abs(x)
     x2 = x * x
-    rp = _polevl(x2, T.bessel_j0_RP)
-    rq = _polevl(x2, T.bessel_j0_RQ)
+    rp = polevl(x2, T.bessel_j0_RP)
+    rq = polevl(x2, T.bessel_j0_RQ)
     small = (x2 - 5.78318596294678452118e00) * (x2 - 3.04712623436620863991e01) * rp / rq
     small = _where(x < 1e-5, 1.0 - x2 / 4.0, small)
     return _where(x <= 5.0, small, _bessel_asymptotic(x, "bessel_j0", _PI_4, False))
@@ -398,8 +398,8 @@ def bessel_j0(x):
 def bessel_j1(x):
     a = torch.abs(x)
     a2 = a * a
-    rp = _polevl(a2, T.bessel_j1_RP)
-    rq = _polevl(a2, T.bessel_j1_RQ)
+    rp = polevl(a2, T.bessel_j1_RP)
+    rq = polevl(a2, T.bessel_j1_RQ)
     small = rp / rq * a * (a2 - 1.46819706421238932572e01) * (a2 - 4.92184563216946036703e01)
     out = _where(a <= 5.0, small, _bessel_asymptotic(a, "bessel_j1", _3PI_4, False))
     return _where(x < 0, -out, out)
@@ -408,7 +408,7 @@ def bessel_j1(x):
 def bessel_y0(x):
     x2 = x * x
     safe = torch.clamp(x, min=1e-37)
-    small = _polevl(x2, T.bessel_y0_YP) / _polevl(x2, T.bessel_y0_YQ) + (
+    small = polevl(x2, T.bessel_y0_YP) / polevl(x2, T.bessel_y0_YQ) + (
         0.636619772367581343075535053490057448 * torch.log(safe) * bessel_j0(x)
     )
     out = _where(x <= 5.0, small, _bessel_asymptotic(x, "bessel_j0", _PI_4, True))
@@ -419,7 +419,7 @@ def bessel_y0(x):
 def bessel_y1(x):
     x2 = x * x
     safe = torch.clamp(x, min=1e-37)
-    small = x * (_polevl(x2, T.bessel_y1_YP) / _polevl(x2, T.bessel_y1_YQ)) + (
+    small = x * (polevl(x2, T.bessel_y1_YP) / polevl(x2, T.bessel_y1_YQ)) + (
         0.636619772367581343075535053490057448 * (bessel_j1(x) * torch.log(safe) - 1.0 / safe)
     )
     out = _where(x <= 5.0, small, _bessel_asymptotic(x, "bessel_j1", _3PI_4, True))
