@@ -5,8 +5,9 @@ IREE's own float32 expansions were inaccurate where the result is small or
 the formula cancels: sin of small x 4.3e-3 off relatively, 1-11 near the
 zeros of sin and cos for |x| < 10, up to 1e4 for |x| < 1e5, tan inf near its
 poles; asinh(-1e4) was -inf, asinh(1e-6) 4.6% off, atanh(1e-6) 1.3%,
-sinh(1e-6) 1.7%; atan and atan2 4.1e-6, pow 3.1e-6, asin 5.3e-7 (CPU
-6-9e-8). Each case compares neuron's and CPU's largest relative
+sinh(1e-6) 1.7%; atan and atan2 4.1e-6, pow 3.1e-6, asin 5.3e-7, lgamma
+9e-2 near its zeros, erfinv 1.8e-5, erfc 4e-6, exp2 4.1e-6, selu 1.1e-4,
+elu 1.7e-5, acosh 6.3e-7 (CPU 6-9e-8). Each case compares neuron's and CPU's largest relative
 distance from the float64 answer."""
 
 import math
@@ -19,12 +20,19 @@ from torchneuron.dispatch import stats as dispatch_stats
 
 _FUNCTIONS = {"sin": torch.sin, "cos": torch.cos, "tan": torch.tan,
               "sinh": torch.sinh, "asinh": torch.asinh, "atanh": torch.atanh,
-              "atan": torch.atan, "asin": torch.asin}
+              "atan": torch.atan, "asin": torch.asin, "acosh": torch.acosh, "exp2": torch.exp2,
+              "erfc": torch.erfc, "erfinv": torch.erfinv, "lgamma": torch.lgamma,
+              "elu": torch.nn.functional.elu, "selu": torch.nn.functional.selu, "celu": torch.nn.functional.celu}
 _RANGES = {  # (limit of |x|, ...) each function is judged over
     "sin": (1.0, 100.0, 1e5), "cos": (1.0, 100.0, 1e5), "tan": (1.0, 100.0, 1e5),
     "sinh": (1e-3, 1.0, 88.0), "asinh": (1e-3, 10.0, 1e20), "atanh": (1e-3, 0.5, 0.9999),
-    "atan": (1e-3, 10.0, 1e20), "asin": (1e-3, 0.5, 1.0),
+    "atan": (1e-3, 10.0, 1e20), "asin": (1e-3, 0.5, 1.0), "acosh": (2.0, 100.0, 1e20),
+    # (exp2 and erfc stop short of float32 denormals, which compiled ops flush to zero)
+    "exp2": (1.0, 30.0, 120.0), "erfc": (0.5, 4.0, 9.0), "erfinv": (0.5, 0.999, 1.0),
+    "lgamma": (3.0, 100.0, 1e30), "elu": (1e-3, 1.0, 20.0), "selu": (1e-3, 1.0, 20.0), "celu": (1e-3, 1.0, 20.0),
 }
+# Arguments inside the domain for the compile check (acosh is nan below 1).
+_INSIDE = {"acosh": lambda x: x.abs() + 1.0}
 
 
 def _arguments(limit: float) -> torch.Tensor:
@@ -64,7 +72,7 @@ def test_every_float_dtype_compiles(name):
     fn = _FUNCTIONS[name]
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         before = dict(dispatch_stats.host_fallback)
-        x = (torch.rand(3, 5) * 1.6 - 0.8).to(dtype)
+        x = _INSIDE.get(name, lambda x: x)(torch.rand(3, 5) * 1.6 - 0.8).to(dtype)
         torch.testing.assert_close(fn(x.to("neuron")).cpu(), fn(x), rtol=1.6e-2, atol=1e-3)
         assert dict(dispatch_stats.host_fallback) == before, (dtype, dispatch_stats.host_fallback)
 
@@ -75,11 +83,15 @@ def test_non_finite_arguments_signed_zero_and_half_precision_as_cpu(name):
     x = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0, 0.25, -0.75, 2.5, -1000.25, 1.0, -1.0])
     got, expected = fn(x.to("neuron")).cpu(), fn(x)
     torch.testing.assert_close(got, expected, equal_nan=True, rtol=1e-6, atol=1e-7)
-    if name != "cos":  # odd functions keep the sign of zero
-        assert torch.equal(torch.signbit(fn(torch.tensor([-0.0], device="neuron")).cpu()), torch.tensor([True]))
+    numbers = ~torch.isnan(expected)  # (a nan's sign means nothing)
+    assert torch.equal(torch.signbit(got)[numbers], torch.signbit(expected)[numbers]), "a sign as CPU's"
+    zero = torch.tensor([-0.0])  # odd functions keep the sign of zero
+    at_zero = fn(zero)
+    if not torch.isnan(at_zero).item():
+        assert torch.equal(torch.signbit(fn(zero.to("neuron")).cpu()), torch.signbit(at_zero))
     for dtype in (torch.float16, torch.bfloat16):
         h = (torch.linspace(-0.99, 0.99, 999) * _RANGES[name][1]).to(dtype)
-        torch.testing.assert_close(fn(h.to("neuron")).cpu(), fn(h), rtol=1.6e-2, atol=1e-3)
+        torch.testing.assert_close(fn(h.to("neuron")).cpu(), fn(h), rtol=1.6e-2, atol=1e-3, equal_nan=True)
 
 
 def test_gradients_as_cpu():
@@ -90,7 +102,9 @@ def test_gradients_as_cpu():
         y = torch.sin(leaf) * torch.cos(leaf) + torch.tan(leaf / 7) + torch.asinh(leaf) + torch.sinh(leaf / 10) \
             + torch.atanh(leaf / 21) + torch.atan(leaf) + torch.asin(leaf / 21) \
             + torch.atan2(leaf, leaf.flip(0) + 0.5) \
-            + (leaf.abs() + 1) ** (leaf / 40)
+            + (leaf.abs() + 1) ** (leaf / 40) \
+            + torch.erfc(leaf / 5) + torch.acosh(leaf.abs() + 1.5) + torch.exp2(leaf / 4) \
+            + torch.erfinv(leaf / 21) + torch.nn.functional.elu(leaf) + torch.nn.functional.selu(leaf / 3)
         y.sum().backward()
         grads.append(leaf.grad.cpu())
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5)

@@ -223,6 +223,15 @@ def _in_float32(op, existing):
     return decompose
 
 
+def _elu_with_expm1(x, alpha=1, scale=1, input_scale=1):
+    """elu (and selu and celu, which PyTorch expresses through it) with expm1 on
+    the negative side, as CPU's kernel: exp(x) - 1 cancels near 0 (selu 1.1e-4
+    relative off, elu 1.7e-5; CPU 6e-8 to 1.2e-7)."""
+    if not x.dtype.is_floating_point:
+        return NotImplemented
+    return torch.where(x > 0, x * scale, torch.expm1(x * input_scale) * (alpha * scale))
+
+
 def _pointwise_float_ops():
     """Functional pointwise aten ops (PyTorch's pointwise tag), not in-place or out=."""
     ops = []
@@ -346,6 +355,7 @@ def decomposition_table() -> dict:
     for op in (torch.ops.aten._softmax.default, torch.ops.aten._log_softmax.default):
         table[op] = softmax_rows.rows_in_groups(table[op])
     table[torch.ops.aten.gelu.default] = _gelu_tanh
+    table[torch.ops.aten.elu.default] = _elu_with_expm1
     table.update(split_k.rules())
     table[torch.ops.aten.convolution.default] = _first_of(convolution_products.convolution,
                                                           long_convolutions.convolution,

@@ -1,4 +1,4 @@
-"""float32 atan, atan2, asin and pow evaluated in float64, rounded once.
+"""float32 atan, atan2, asin, pow and exp2 evaluated in float64, rounded once.
 
 IREE's float32 expansions of these are 7-70x less accurate than PyTorch's
 CPU kernels (largest relative error from the float64 answer over wide
@@ -150,8 +150,18 @@ def _pow_by_number(x, exponent):
     return torch.where(one, _number(r, 1.0), r).to(torch.float32)
 
 
+def exp2(x):
+    """2 ** x as exp(x ln 2) in float64: in float32 the product's rounding,
+    multiplied by up to 88, left 4.1e-6 relative error (CPU 6.9e-8)."""
+    if x.dtype != torch.float32:
+        return NotImplemented
+    wide = x.to(torch.float64)
+    return torch.exp(wide * _number(wide, math.log(2.0))).to(torch.float32)
+
+
 def decompositions() -> dict:
     return {
+        aten.exp2.default: exp2,
         aten.atan.default: atan,
         aten.atan2.default: atan2,
         aten.asin.default: asin,
