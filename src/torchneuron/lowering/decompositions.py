@@ -10,8 +10,9 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
-from . import (amp, convolution_backward, convolution_products, double_evaluation, hyperbolic, interpolation_backward,
-               linalg, long_convolutions, long_sums, rnn_cells, softmax_rows, special, split_k, tensor_ops, trigonometry)
+from . import (amp, convolution_backward, convolution_products, double_evaluation, float_division, hyperbolic,
+               interpolation_backward, linalg, long_convolutions, long_sums, rnn_cells, softmax_rows, special, split_k,
+               tensor_ops, trigonometry)
 
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -347,6 +348,7 @@ def decomposition_table() -> dict:
     table.update(trigonometry.decompositions())
     table.update(hyperbolic.decompositions())
     table.update(double_evaluation.decompositions())
+    table.update(float_division.decompositions())
     for op in (torch.ops.aten.native_layer_norm.default, torch.ops.aten.native_group_norm.default):
         table[op] = _normalization_in_float32(op)
     for op in (torch.ops.aten.var.correction, torch.ops.aten.var_mean.correction):
