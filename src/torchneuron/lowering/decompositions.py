@@ -11,8 +11,8 @@ import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
 from . import (amp, convolution_backward, convolution_products, double_evaluation, float_division, hyperbolic,
-               interpolation_backward, linalg, long_convolutions, long_sums, rnn_cells, softmax_rows, special, split_k,
-               tensor_ops, trigonometry)
+               interpolation_backward, linalg, long_convolutions, long_sums, nan_propagation, rnn_cells, softmax_rows,
+               special, split_k, tensor_ops, trigonometry)
 
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -224,6 +224,14 @@ def _in_float32(op, existing):
     return decompose
 
 
+def _negate_integers(x):
+    """-x of an integer tensor as 0 - x: torch-mlir's neg went through float32
+    (-(2**31 - 1) gave -2**31, int64 kept 24 bits)."""
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        return NotImplemented
+    return torch.zeros_like(x) - x
+
+
 def _elu_with_expm1(x, alpha=1, scale=1, input_scale=1):
     """elu (and selu and celu, which PyTorch expresses through it) with expm1 on
     the negative side, as CPU's kernel: exp(x) - 1 cancels near 0 (selu 1.1e-4
@@ -349,6 +357,8 @@ def decomposition_table() -> dict:
     table.update(hyperbolic.decompositions())
     table.update(double_evaluation.decompositions())
     table.update(float_division.decompositions())
+    table.update(nan_propagation.decompositions())
+    table[torch.ops.aten.neg.default] = _negate_integers
     for op in (torch.ops.aten.native_layer_norm.default, torch.ops.aten.native_group_norm.default):
         table[op] = _normalization_in_float32(op)
     for op in (torch.ops.aten.var.correction, torch.ops.aten.var_mean.correction):

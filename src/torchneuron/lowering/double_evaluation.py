@@ -115,7 +115,8 @@ def _pow64(b, e):
 
 
 def _pow_tensor_tensor(b, e):
-    if not (isinstance(b, torch.Tensor) and isinstance(e, torch.Tensor)) or not _float32(b, e):
+    # (an integer exponent tensor too: IREE's own pow made pow(-2., tensor(2)) nan)
+    if not (isinstance(b, torch.Tensor) and isinstance(e, torch.Tensor)) or torch.result_type(b, e) != torch.float32:
         return NotImplemented
     b, e = torch.broadcast_tensors(b.to(torch.float64), e.to(torch.float64))
     return _pow64(b, e).to(torch.float32)
