@@ -3,8 +3,10 @@ and each one's distance from the float64 answer, side by side in one run
 (lowering/long_sums.py, split_k.py, long_convolutions.py, convolution_products.py,
 convolution_backward.py), the backward of bilinear upsampling
 (interpolation_backward.py; before it, the host path: CPU's kernel), and
-float32 sin, cos and tan (trigonometry.py), atan, atan2, asin and pow
-(double_evaluation.py).
+float32 sin, cos and tan (trigonometry.py), atan, atan2, asin, pow, exp2
+(double_evaluation.py), lgamma, erfc and erfinv (special.py), and ops given
+CPU's semantics: fmod and floor division (float_division.py), clamp, maximum,
+argmax, topk and sort (nan_propagation.py).
 
     python bench/long_reductions.py [--repeats 7] [--only conv] [--write docs/benchmarks.md]
 
@@ -95,11 +97,31 @@ CASES = [  # (name, function, input shapes)
      [(1 << 20,), (1 << 20,)]),
     ("float64 evaluation: pow of 1M elements, (|x| + 0.1) ** -1.5", lambda x: torch.pow(x.abs() + 0.1, -1.5),
      [(1 << 20,)]),
+    ("float64 evaluation: lgamma of 1M elements, |x| * 3 + 0.01", lambda x: torch.lgamma(x.abs() * 3 + 0.01),
+     [(1 << 20,)]),
+    ("float64 evaluation: erfc of 1M elements, x * 3", lambda x: torch.erfc(x * 3), [(1 << 20,)]),
+    ("float64 evaluation: erfinv of 1M elements, tanh(x)", lambda x: torch.erfinv(torch.tanh(x)), [(1 << 20,)]),
+    ("float64 evaluation: exp2 of 1M elements, x * 20", lambda x: torch.exp2(x * 20), [(1 << 20,)]),
+    ("CPU semantics: fmod of 1M elements, x * 100 by |y| + 0.5",
+     lambda x, y: torch.fmod(x * 100, y.abs() + 0.5), [(1 << 20,), (1 << 20,)]),
+    ("CPU semantics: floor division of 1M elements, x * 100 by |y| + 0.5",
+     lambda x, y: torch.div(x * 100, y.abs() + 0.5, rounding_mode="floor"), [(1 << 20,), (1 << 20,)]),
+    ("CPU semantics: clamp of 1M elements to [-1, 1]", lambda x: x.clamp(-1, 1), [(1 << 20,)]),
+    ("CPU semantics: maximum of 1M element pairs", torch.maximum, [(1 << 20,), (1 << 20,)]),
+    ("CPU semantics: argmax over [32, 50257] (an LM head's logits)", lambda x: x.argmax(-1), [(32, 50257)]),
+    ("CPU semantics: topk 50 over [32, 50257]", lambda x: torch.topk(x, 50).values, [(32, 50257)]),
+    ("CPU semantics: sort of [64, 4096]", lambda x: torch.sort(x).values, [(64, 4096)]),
 ]
 
 
 def _error(got, exact) -> float:
-    return (got.double() - exact).abs().mean().item()
+    return (got.double() - exact.double()).abs().mean().item()
+
+
+def _ratio(mine: float, cpus: float) -> str:
+    if cpus == 0:
+        return "exact" if mine == 0 else "CPU exact"
+    return f"{mine / cpus:.2f}x"
 
 
 def main() -> None:
@@ -125,7 +147,7 @@ def main() -> None:
         rows.append((name, t, errors, first))
         print(f"{name}: first call {first:.1f} s; neuron {t['neuron'] * 1e3:.3f} ms, CPU {t['cpu'] * 1e3:.3f} ms "
               f"({t['neuron'] / t['cpu']:.2f}x); error from float64 {errors[0]:.2e} vs CPU {errors[1]:.2e} "
-              f"({errors[0] / errors[1]:.2f}x)", flush=True)
+              f"({_ratio(*errors)})", flush=True)
     lines = [
         f"## Long sums, products and convolutions ({args.section})", "",
         f"Command: `{command_line()}`  ", f"Machine: {machine()}", "",
@@ -135,7 +157,7 @@ def main() -> None:
     ]
     for name, t, (mine, cpus), first in rows:
         lines.append(f"| {name} | {first:.1f} | {t['neuron'] * 1e3:.3f} | {t['cpu'] * 1e3:.3f} | {t['neuron'] / t['cpu']:.2f}x "
-                     f"| {mine:.2e} | {cpus:.2e} | {mine / cpus:.2f}x |")
+                     f"| {mine:.2e} | {cpus:.2e} | {_ratio(mine, cpus)} |")
     print("\n".join(lines))
     if args.write:
         write_section(args.write, args.section, "\n".join(lines))

@@ -356,8 +356,9 @@ def decomposition_table() -> dict:
     table.update(trigonometry.decompositions())
     table.update(hyperbolic.decompositions())
     table.update(double_evaluation.decompositions())
-    table.update(float_division.decompositions())
-    table.update(nan_propagation.decompositions())
+    for module in (float_division, nan_propagation):  # (other calls keep PyTorch's decomposition, if any)
+        for op, rule in module.decompositions().items():
+            table[op] = _first_of(rule, table[op]) if op in table else rule
     table[torch.ops.aten.neg.default] = _negate_integers
     for op in (torch.ops.aten.native_layer_norm.default, torch.ops.aten.native_group_norm.default):
         table[op] = _normalization_in_float32(op)

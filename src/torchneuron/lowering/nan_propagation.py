@@ -142,12 +142,22 @@ def _sortable(x) -> bool:
     return isinstance(x, torch.Tensor) and x.dtype in _SORTABLE and x.dim() > 0
 
 
-def _sorted_indices(x, dim, descending):
-    """Indices that sort x along dim as CPU's stable sort: by the order key,
-    ties by position (so any sort of the combined int64 key is stable;
-    torch-mlir lowers no sort.stable)."""
+# IREE sorts a row in one workgroup with the row on its stack, at most 32 KiB:
+# int64 keys for rows of up to 4096 elements.
+_STABLE_ROW_LIMIT = 4096
+
+
+def _sorted_indices(x, dim, descending, stable):
+    """Indices that sort x along dim in CPU's order; None where this cannot
+    sort it. A stable sort orders int64 keys that hold the position too (IREE's
+    sort is not stable, torch-mlir lowers no sort.stable); any other sorts the
+    int32 keys."""
     dim = dim % x.dim()
     n = x.shape[dim]
+    if not stable:
+        return torch.sort(_order_key(x), dim=dim, descending=descending).indices
+    if n > _STABLE_ROW_LIMIT:
+        return None
     shape = [1] * x.dim()
     shape[dim] = n
     positions = torch.arange(n, device=x.device).reshape(shape)
@@ -157,15 +167,21 @@ def _sorted_indices(x, dim, descending):
     return torch.sort(key, dim=dim, descending=descending).indices
 
 
-def sort(x, dim=-1, descending=False):
+def _sort(x, dim, descending, stable):
     if not _sortable(x):
         return NotImplemented
-    indices = _sorted_indices(x, dim, descending)
+    indices = _sorted_indices(x, dim, descending, stable)
+    if indices is None:
+        return NotImplemented
     return torch.gather(x, dim, indices), indices
 
 
+def sort(x, dim=-1, descending=False):
+    return _sort(x, dim, descending, stable=False)
+
+
 def sort_stable(x, *, stable=None, dim=-1, descending=False):
-    return sort(x, dim, descending)
+    return _sort(x, dim, descending, bool(stable))
 
 
 def topk(x, k, dim=-1, largest=True, sorted=True):  # noqa: A002
