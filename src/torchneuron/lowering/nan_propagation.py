@@ -7,8 +7,9 @@ argmax, argmin and the indices of max/min over a dimension skipped NaNs
 anywhere (CPU orders them above +inf). A NaN there hides the very failure a
 user looks for. Here each is written with comparisons and selects, which
 keep NaNs (a comparison with NaN is false), and an explicit test where a
-NaN must win; sort and topk order integer keys of the floats' bits. float16 and bfloat16 come here through float32;
-integers keep the lowering's own (no NaN to keep).
+NaN must win; sort and topk order integer keys of the floats' bits.
+Elementwise ones see float16 and bfloat16 through float32; integers keep the
+lowering's own (no NaN to keep).
 """
 
 from __future__ import annotations
