@@ -31,7 +31,7 @@ def _nan_bound(bound) -> bool:
 
 def _clamp(x, low, high):
     if not _floating(x) or _nan_bound(low) or _nan_bound(high):
-        return NotImplemented  # (a NaN number as a bound: the lowering's own gives NaN)
+        return NotImplemented  # (a NaN number as a bound: left to the lowering's own, which drops it)
     r = x
     if low is not None:
         r = torch.where(r < low, low, r)
