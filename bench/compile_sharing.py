@@ -113,7 +113,7 @@ def sharing(setup: str, procs: int, steps: int) -> dict:
         results = [parse(out) for out, _ in outs]
         compiles = sum(r["compiles"] for r in results)
         if service is not None:
-            from torchneuron.service.client import ServiceClient
+            from torchneuron.cache.service_client import ServiceClient
 
             health = ServiceClient(address).health()
             compiles += health["compiles"]

@@ -21,8 +21,8 @@ from test_persistent_cache import exe_files, run_python
 
 import torchneuron
 from torchneuron.cache import entry, leader, trust
-from torchneuron.service import protocol
-from torchneuron.service.client import ServiceClient, ServiceUnavailable
+from torchneuron.cache import service_protocol as protocol
+from torchneuron.cache.service_client import ServiceClient, ServiceUnavailable
 
 # Two ops checked against CPU (fewer than WORKLOAD's: each run compiles them all).
 TINY_WORKLOAD = """

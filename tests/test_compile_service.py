@@ -19,7 +19,7 @@ from test_persistent_cache import WORKLOAD, run_python
 
 import torchneuron
 from torchneuron.compiler import CompileError, target_flags
-from torchneuron.service.client import ServiceClient, ServiceUnavailable
+from torchneuron.cache.service_client import ServiceClient, ServiceUnavailable
 
 
 def _lowered(fn, *shapes):

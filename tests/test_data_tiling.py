@@ -46,7 +46,7 @@ def test_a_module_data_tiling_fails_on_is_compiled_without_it_and_remembered(mon
     # tiling fails to compile it ("load_from_buffer op buffer and tensor shapes
     # must be compatible"). The first request tries with it and then without;
     # a later request goes straight to the executable that compiled.
-    from torchneuron.dispatch import eager
+    from torchneuron.cache import executables
 
     def scores(q, k, mask):
         s = torch.bmm(q, k).view(2, 16, 256, 256) * 0.375
@@ -55,15 +55,15 @@ def test_a_module_data_tiling_fails_on_is_compiled_without_it_and_remembered(mon
     mlir = _mlir(scores, torch.randn(32, 256, 128), torch.randn(32, 128, 256),
                  torch.ones(1, 1, 256, 256, dtype=torch.bool))
     tried = []
-    compile_one = eager._executable_for
+    compile_one = executables._executable_for
 
     def spy(mlir, what, target, *rest):
         tried.append(data_tiling.ON in target[1])
         return compile_one(mlir, what, target, *rest)
 
-    monkeypatch.setattr(eager, "_executable_for", spy)
-    first = eager.executable_for(mlir, "attention scores", target_flags())
+    monkeypatch.setattr(executables, "_executable_for", spy)
+    first = executables.executable_for(mlir, "attention scores", target_flags())
     assert tried == [True, False]
     tried.clear()
-    again = eager.executable_for(mlir, "attention scores", target_flags())
+    again = executables.executable_for(mlir, "attention scores", target_flags())
     assert tried == [False] and again.key == first.key

@@ -448,17 +448,17 @@ def test_graph_that_data_tiling_fails_to_compile_compiles_without_it(monkeypatch
     # tiling fails on it ("load_from_buffer op buffer and tensor shapes must
     # be compatible"); the compile is retried without data tiling.
     from torchneuron.compiler import data_tiling
-    from torchneuron.dispatch import eager
+    from torchneuron.cache import executables
 
     tried = []
-    compile_one = eager._executable_for
+    compile_one = executables._executable_for
 
     def spy(mlir, what, target, *rest):
         if "torch.compile" in what:
             tried.append(data_tiling.ON in target[1])
         return compile_one(mlir, what, target, *rest)
 
-    monkeypatch.setattr(eager, "_executable_for", spy)
+    monkeypatch.setattr(executables, "_executable_for", spy)
 
     def scores(q, k, mask):
         s = torch.bmm(q, k).view(2, 16, 256, 256) * 0.25

@@ -26,7 +26,7 @@ from torchneuron.cache import cache_key
 from torchneuron.cache.key import key_components
 from torchneuron.compiler import target_cpu, target_flags
 from torchneuron.compiler.iree_compile import cpu_flags
-from torchneuron.service.client import ServiceClient, ServiceUnavailable
+from torchneuron.cache.service_client import ServiceClient, ServiceUnavailable
 
 # Two tiny ops (mul by a scalar, tanh), checked against CPU; prints where
 # their executables came from and which CPU they were compiled for.
@@ -378,7 +378,7 @@ def test_the_compiler_command_is_the_one_the_iree_library_builds(tmp_path, monke
     from iree.compiler.tools.core import CompilerOptions, build_compile_command_line
     from iree.compiler.tools.debugging import TempFileSaver
 
-    from torchneuron.compiler.iree_compile import _command
+    from torchneuron.compiler.tool import _command
 
     options = dict(input_type="torch", target_backends=["llvm-cpu"], extra_args=["--compile-to=flow"])
     monkeypatch.delenv("IREE_SAVE_TEMPS", raising=False)

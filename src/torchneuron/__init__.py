@@ -7,7 +7,7 @@ user code only names the device: `x.to("neuron")`. The functions of
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401
 
 
 def _autoload() -> None:
@@ -20,7 +20,6 @@ def _autoload() -> None:
 import torch  # noqa: E402,F401
 
 from . import config  # noqa: E402
-from .device import SUPPORTED_DTYPES, register as _register  # noqa: E402
 from .device.module import (  # noqa: E402,F401
     current_device,
     current_stream,
@@ -53,20 +52,15 @@ from .device.module import (  # noqa: E402,F401
     synchronize,
 )
 from .dispatch.entry import FallbackError  # noqa: E402
+from .memory.dtypes import SUPPORTED_DTYPES  # noqa: E402
+from .registration import register as _register  # noqa: E402
 from .dispatch import stats as _stats  # noqa: E402
 from .dynamo import stats as _dynamo_stats  # noqa: E402
 
 _register()
 
 from .adaptive import eager_mode, get_eager_mode, set_eager_mode, wait_for_compiles  # noqa: E402,F401
-from .dynamo import GraphCompileError, register as _register_dynamo  # noqa: E402,F401
-from .distributed import register as _register_distributed  # noqa: E402
-
-_register_distributed()
-if config.settings.profiler:
-    from . import profiler  # noqa: E402,F401 - torch.profiler's device events
-
-_register_dynamo()
+from .dynamo import GraphCompileError  # noqa: E402,F401
 
 
 def supported_dtypes() -> tuple:

@@ -12,7 +12,7 @@ def _info(args) -> int:
     import torch
 
     import torchneuron
-    from torchneuron.device import hal
+    from torchneuron.hal import devices as hal
 
     info = {
         "torchneuron": torchneuron.__version__,

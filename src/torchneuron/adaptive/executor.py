@@ -27,7 +27,7 @@ from collections import OrderedDict
 import torch
 
 from .. import _C, config, trace
-from ..cache import executable_cache, layers
+from ..cache import executable_cache, executables, layers
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
 from ..compiler import says_nothing_about_the_module, target_flags
@@ -38,7 +38,7 @@ from ..lowering import NotCompilable
 from ..lowering.call import numbers_as_tensors, rebuild
 from ..lowering.fused import GraphOp, GraphSpec, SlotSpec, ViewRef, segment_of
 from ..lowering.worker import lower_graph_elsewhere
-from ..lowering.graph import _get
+from ..lowering.graph import value_at
 from ..runtime import LoadedExecutable, device_queue
 from ..runtime.errors import NeuronAsyncError
 from . import recorder, stats
@@ -334,7 +334,7 @@ def _unit(start, end, executable, segment, ops) -> Unit:
 def _compile_segment(segment, floats, ints, what, target):
     mlir = lower_graph_elsewhere(segment.spec, floats[segment.floats[0]:segment.floats[1]],
                                  ints[segment.ints[0]:segment.ints[1]])
-    return eager.executable_for(mlir, what, target, show_progress=False)
+    return executables.executable_for(mlir, what, target, show_progress=False)
 
 
 def _units_from_record(record, spec, ops, disk):
@@ -478,8 +478,8 @@ def _run_one(r, rec, args, kwargs, outs, device, allow_compile) -> None:
     queue.synchronize()  # device work before this op must have landed
     host_threads.confine()
     aliases: dict = {}
-    host_args = host_fallback._to_host(args, aliases)
-    host_kwargs = {k: host_fallback._to_host(v, aliases) for k, v in kwargs.items()}
+    host_args = host_fallback.to_host(args, aliases)
+    host_kwargs = {k: host_fallback.to_host(v, aliases) for k, v in kwargs.items()}
     host_args, host_kwargs = numbers_as_tensors(r.op, host_args, host_kwargs)
     watching = trace.sink
     started = time.time_ns() if watching is not None else 0
@@ -491,7 +491,7 @@ def _run_one(r, rec, args, kwargs, outs, device, allow_compile) -> None:
         watching.host("host op", r.info.name, started, time.time_ns(), source=rec.source(),
                       reason="its graph's executable is still compiling")
     for j, path in r.outputs:
-        _C.host_alias(outs[j]).copy_(_get(result, path))
+        _C.host_alias(outs[j]).copy_(value_at(result, path))
 
 
 def wait_for_builds(timeout: float | None = None) -> bool:

@@ -26,15 +26,15 @@ import torch
 from .. import _C, config, trace
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
-from ..device import random as neuron_random
-from ..dispatch.cached_launch import MISS, _key, assemble
+from ..runtime import generators as neuron_random
+from ..dispatch.cached_launch import MISS, call_key
 from ..dispatch import draws_ahead, host_fallback
 from ..dispatch import entry as _entry
 from ..dispatch.stats import dispatched
-from ..eval import registry as _shape_registry
+from ..dispatch import shape_recording
 from ..lowering import NotCompilable, signature_of
 from ..lowering.call import FRef, IRef, Seq, TRef, baked_ops, graph_param_arg_names
-from ..lowering.graph import _paths_to_outputs, call_results, describe
+from ..lowering.graph import paths_to_outputs, call_results, describe
 from ..lowering import index_checks
 from ..runtime.errors import is_library_file, user_location
 from . import stats
@@ -210,7 +210,7 @@ def record(op, args, kwargs):
     params = _params_of_known.get(op)
     if params is None:
         return MISS
-    found = _key(op, args, kwargs, params)
+    found = call_key(op, args, kwargs, params)
     if found is None:
         return MISS
     key, tensors, _, floats, ints = found
@@ -226,7 +226,7 @@ def record(op, args, kwargs):
 
 def _learn(recipe, params, tensors, floats, ints) -> None:
     """Let the C++ entry record calls like this one itself from now on (it
-    checks that its key takes the call apart as `_key` did)."""
+    checks that its key takes the call apart as `call_key` did)."""
     _C.learn_call(_append_known, recipe, recipe.info.name, sorted(params[1]), tensors, floats, ints)
 
 
@@ -260,7 +260,7 @@ def record_slow(op, info, args, kwargs, device):
         return FIRST_MEETING
     if type(recipe) is Recipe:
         params = _params_of_known[op]
-        found = _key(op, args, kwargs, params)
+        found = call_key(op, args, kwargs, params)
         _learn(recipe, params, found[1], found[3], found[4])
         result = _append(recipe, found[1], found[3], found[4])
         if result is not MISS:
@@ -352,7 +352,7 @@ def refuse(op, reason: str) -> None:
 
 def _recipe_for(op, info, args, kwargs):
     params = _params_of(op, info)
-    found = _key(op, args, kwargs, params)
+    found = call_key(op, args, kwargs, params)
     if found is None:
         return _NotRecordable("arguments the cheap key cannot take")
     key, tensors, _, floats, ints = found
@@ -408,7 +408,7 @@ def _build_recipe(op, info, args, kwargs, params, key, tensors, floats, ints):
     return Recipe(
         id=rid, key=key, op=op, info=info, args=sig.args, kwargs=sig.kwargs, views=views,
         mutated=sig.mutated, out_specs=tuple(out_specs), returns=returns,
-        outputs=tuple(_paths_to_outputs(returns)), checked=index_checks.has_checks(op),
+        outputs=tuple(paths_to_outputs(returns)), checked=index_checks.has_checks(op),
         what=describe(info, sig), index=device.index, n_floats=len(floats), n_ints=len(ints),
         out_slots=tuple((shape, dtype, _numel(shape)) for shape, dtype in out_specs),
     )
@@ -486,7 +486,7 @@ def _cut_peak(graph):
 # size cap; 4 ops must repeat the graph's first ones before it is cut there.)
 _C.set_recorder_api(_pending, _fresh_graph, _cut_loop, _cut_size, _cut_held, _cut_peak, OpRecord, is_library_file,
                     MISS)
-_C.set_fast_path_checks(vars(_entry), vars(trace), vars(_shape_registry), config.settings, _append_known,
+_C.set_fast_path_checks(vars(_entry), vars(trace), vars(shape_recording), config.settings, _append_known,
                         dispatched)
 
 
@@ -546,6 +546,6 @@ def record_random(op, info, args, kwargs, device):
         return MISS
     # An in-place fill (uniform_, normal_, bernoulli_ with a float p...): it reads nothing.
     draw = torch.empty(target.shape, dtype=target.dtype)
-    host_fallback._run_seeded(op, (draw,) + tuple(args[1:]), dict(kwargs), device)
+    host_fallback.run_seeded(op, (draw,) + tuple(args[1:]), dict(kwargs), device)
     _COPY(target, _C.device_copy_of(draw, device.index))
     return target

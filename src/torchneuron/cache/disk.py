@@ -6,6 +6,10 @@ entries shared by every process of this user on this host.
     ROOT/plan/ab/ID.json     an op signature's lowering result (which executable,
                              result shapes), so a restart lowers nothing
     ROOT/locks/NAME.lock     cross-process locks: one compile per key per host
+    ROOT/warm/ID.json        records (read_record/write_record): a program's plan
+                             ids, preloaded at its next start (dispatch/warm_start.py)
+    ROOT/target/ID.json      ... and a CPU description resolved to the compiler's
+                             name and features (compiler/target_cpu.py, `TargetStore`)
 
 Writes go to a temporary name and are renamed into place; the metadata is
 written last, so an entry exists only once it is complete, and readers never
@@ -210,6 +214,30 @@ class DiskCache:
         except OSError as e:
             self._read_only(e)
 
+    # -- small records of other layers (warm/, target/) ---------------------
+
+    def record_path(self, folder: str, name: str) -> str:
+        return os.path.join(self.root, folder, name + ".json")
+
+    def read_record(self, folder: str, name: str) -> bytes | None:
+        """A record's bytes; None where there is none (its reader checks it)."""
+        if not self.enabled:
+            return None
+        try:
+            with open(self.record_path(folder, name), "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def write_record(self, folder: str, name: str, data: bytes) -> None:
+        """Write a record whole (atomically); nothing where the cache is read-only."""
+        if not self.writable:
+            return
+        try:
+            self._write_atomic(self.record_path(folder, name), data)
+        except OSError as e:
+            self._read_only(e)
+
     # -- cross-process locks ---------------------------------------------
 
     @contextlib.contextmanager
@@ -363,3 +391,24 @@ def disk_cache() -> DiskCache | None:
                 _disk = DiskCache(s.cache_dir, s.cache_size_mb * 1024 * 1024, s.cache_allow_shared)
             _disk_config = wanted
     return _disk
+
+
+class TargetStore:
+    """Where the compiler keeps resolved CPUs (compiler/target_cpu.py's
+    `store`): the folder target/ of the current disk cache, if any."""
+
+    @staticmethod
+    def _disk():
+        try:
+            return disk_cache()
+        except Exception:  # noqa: BLE001 - an unusable cache directory is reported by the first op
+            return None
+
+    def read(self, name: str) -> bytes | None:
+        disk = self._disk()
+        return disk.read_record("target", name) if disk is not None else None
+
+    def write(self, name: str, data: bytes) -> None:
+        disk = self._disk()
+        if disk is not None:
+            disk.write_record("target", name, data)

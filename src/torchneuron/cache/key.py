@@ -24,7 +24,7 @@ ENTRY_ABI = "neuron-eager-2"  # 2: read-only inputs protected from in-place upda
 
 
 def key_components(mlir: str, backend: str, flags: tuple) -> dict:
-    from .. import __version__
+    from ..version import __version__
     from ..compiler import compiler_version
     from ..compiler.target_cpu import cpu_of_flags
 

@@ -35,23 +35,27 @@ class LayerStats:
 stats = LayerStats()
 
 
-def fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service: bool = True) -> tuple:
+def fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service: bool = True,
+                     components: dict | None = None) -> tuple:
     """(vmfb, compile seconds, source); source is where the executable came
-    from: disk, remote, service, peer (another rank) or compiled (here)."""
+    from: disk, remote, service, peer (another rank) or compiled (here).
+    `components`: the key's components (key.py), where the caller has them."""
+    if components is None:
+        components = key_components(mlir, *target)
     watching = trace.sink
     if watching is None:
-        return _fetch_or_compile(key, mlir, what, target, use_service)
+        return _fetch_or_compile(key, mlir, what, target, use_service, components)
     started = time.time_ns()
     opened = watching.opened("compile", str(what), started, key=key)  # shown even if the session stops first
-    vmfb, seconds, source = _fetch_or_compile(key, mlir, what, target, use_service)
+    vmfb, seconds, source = _fetch_or_compile(key, mlir, what, target, use_service, components)
     watching.host("compile", str(what), started, time.time_ns(), opened=opened, layer=source, key=key,
                   compile_seconds=round(seconds, 4))
     return vmfb, seconds, source
 
 
-def _fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service: bool) -> tuple:
+def _fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service: bool, components: dict) -> tuple:
     from ..compiler import compile_mlir
-    from ..service import ServiceUnavailable, service_client
+    from .service_client import ServiceUnavailable, service_client
 
     disk = disk_cache()
     remote = remote_store()
@@ -64,7 +68,7 @@ def _fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service
         vmfb = remote.get(key)
         if vmfb is not None:
             if disk is not None:
-                disk.put_executable(key, vmfb, dict(_meta(mlir, what, target, 0.0), source="remote"))
+                disk.put_executable(key, vmfb, dict(_meta(components, what, 0.0), source="remote"))
             stats.add("remote")
             return vmfb, 0.0, "remote"
     client = service_client() if use_service else None
@@ -75,7 +79,7 @@ def _fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service
             pass  # compile here (the client warned once)
         else:
             if disk is not None and not disk.has_executable(key):
-                disk.put_executable(key, vmfb, _meta(mlir, what, target, seconds))
+                disk.put_executable(key, vmfb, _meta(components, what, seconds))
             stats.add("service")
             return vmfb, seconds, "service"
 
@@ -88,7 +92,7 @@ def _fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service
                     return vmfb, 0.0, "disk"
             vmfb, seconds = compile_mlir(mlir, what, target=target)
             if disk is not None:
-                disk.put_executable(key, vmfb, _meta(mlir, what, target, seconds))
+                disk.put_executable(key, vmfb, _meta(components, what, seconds))
             if remote is not None:
                 remote.put(key, vmfb, what=what)
             return vmfb, seconds, "compiled"
@@ -96,14 +100,14 @@ def _fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service
     if leader.active():
         vmfb, seconds, source = leader.compile_or_fetch(key, compile_here)
         if source == "peer" and disk is not None and not disk.has_executable(key):
-            disk.put_executable(key, vmfb, dict(_meta(mlir, what, target, 0.0), source="peer"))
+            disk.put_executable(key, vmfb, dict(_meta(components, what, 0.0), source="peer"))
     else:
         vmfb, seconds, source = compile_here()
     stats.add(source)
     return vmfb, seconds, source
 
 
-def _meta(mlir: str, what: str, target: tuple, seconds: float) -> dict:
+def _meta(components: dict, what: str, seconds: float) -> dict:
     # Every entry records its components (whichever layer it came from), so
     # `cache explain` can read them and `cache import` can check them.
-    return {"what": what, "compile_seconds": round(seconds, 4), "components": key_components(mlir, *target)}
+    return {"what": what, "compile_seconds": round(seconds, 4), "components": components}

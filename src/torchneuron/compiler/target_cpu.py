@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import re
 import threading
 from concurrent.futures import Future
@@ -95,7 +94,7 @@ def enabled_features(features_text: str) -> frozenset:
 
 def _probe(description: str) -> TargetCpu:
     """Ask the compiler which CPU `description` means (about 0.2-0.4 s)."""
-    from .iree_compile import CompilerToolError, run_compiler
+    from .tool import CompilerToolError, run_compiler
 
     try:
         out = run_compiler(_PROBE, target_backends=["llvm-cpu"],
@@ -133,32 +132,31 @@ def _host_identity() -> str | None:
     return "\n".join(fields) or None
 
 
-def _store_path(description: str) -> str | None:
-    """Where this description's resolution is kept in the disk cache; None
-    when it cannot be kept (no cache, or a host CPU we cannot identify)."""
+# Where resolutions are kept across processes: the disk cache sets it
+# (cache/disk.py, folder target/); None keeps them in this process only.
+# An object with read(name) -> bytes | None and write(name, data).
+store = None
+
+
+def _store_name(description: str) -> str | None:
+    """The name this description's resolution is kept under; None when it
+    cannot be kept (no store, or a host CPU we cannot identify)."""
     import platform
 
-    from ..cache.disk import disk_cache
-    from .iree_compile import compiler_version
+    from .tool import compiler_version
 
-    try:
-        disk = disk_cache()
-    except Exception:  # noqa: BLE001 - an unusable cache directory is reported by the first op
-        return None
-    if disk is None or not disk.enabled:
+    if store is None:
         return None
     # A named CPU means the same on every host of an architecture; "host" means this CPU.
     identity = _host_identity() if description == "host" else platform.machine()
     if identity is None:
         return None
-    h = hashlib.sha256(f"{_STORE_VERSION}\0{compiler_version()}\0{description}\0{identity}".encode())
-    return os.path.join(disk.root, "target", h.hexdigest() + ".json")
+    return hashlib.sha256(f"{_STORE_VERSION}\0{compiler_version()}\0{description}\0{identity}".encode()).hexdigest()
 
 
-def _load(path: str, description: str) -> TargetCpu | None:
+def _load(name: str, description: str) -> TargetCpu | None:
     try:
-        with open(path, "rb") as f:
-            d = json.loads(f.read())
+        d = json.loads(store.read(name) or b"null")
         cpu = TargetCpu(description, str(d["name"]), tuple(str(x) for x in d["features"]), str(d["triple"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -167,14 +165,9 @@ def _load(path: str, description: str) -> TargetCpu | None:
     return cpu
 
 
-def _save(path: str, cpu: TargetCpu) -> None:
-    from ..cache.disk import disk_cache
-
+def _save(name: str, cpu: TargetCpu) -> None:
     try:
-        disk = disk_cache()
-        if disk is not None and disk.writable:
-            record = {"name": cpu.name, "features": list(cpu.features), "triple": cpu.triple}
-            disk._write_atomic(path, json.dumps(record).encode())
+        store.write(name, json.dumps({"name": cpu.name, "features": list(cpu.features), "triple": cpu.triple}).encode())
     except Exception:  # noqa: BLE001 - only an optimization: the next process resolves again
         pass
 
@@ -234,8 +227,8 @@ def resolve_soon(description: str = "host") -> TargetCpu | None:
     under_way = _resolving.get(description)
     if under_way is not None and not under_way.done():
         return None
-    path = _store_path(description) if description == "host" else None
-    if description != "host" or (path is not None and _load(path, description) is not None):
+    name = _store_name(description) if description == "host" else None
+    if description != "host" or (name is not None and _load(name, description) is not None):
         return resolve(description)
 
     def run():
@@ -257,12 +250,12 @@ def resolved(description: str = "host") -> TargetCpu | None:
 def _resolve(description: str) -> TargetCpu:
     if not _DESCRIPTION.match(description):
         raise RuntimeError(f"neuron: TORCHNEURON_TARGET_CPU={description!r} is not a CPU name")
-    path = _store_path(description)
-    cpu = _load(path, description) if path else None
+    name = _store_name(description)
+    cpu = _load(name, description) if name else None
     if cpu is None:
         cpu = _probe(description)
-        if path:
-            _save(path, cpu)
+        if name:
+            _save(name, cpu)
     return cpu
 
 

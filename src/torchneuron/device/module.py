@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from .. import _C
+from ..hal import devices as hal
+from ..hal.index import device_index
 from ..memory import (  # noqa: F401 - re-exported as torch.neuron.*
     empty_cache,
     max_memory_allocated,
@@ -15,8 +17,7 @@ from ..memory import (  # noqa: F401 - re-exported as torch.neuron.*
     reset_peak_memory_stats,
     set_memory_limit,
 )
-from .index import device_index
-from .random import (  # noqa: F401 - re-exported as torch.neuron.*
+from ..runtime.generators import (  # noqa: F401 - re-exported as torch.neuron.*
     default_generators,
     get_rng_state,
     get_rng_state_all,
@@ -28,7 +29,6 @@ from .random import (  # noqa: F401 - re-exported as torch.neuron.*
     set_rng_state,
     set_rng_state_all,
 )
-from . import hal
 
 _initialized = False
 _PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1

@@ -29,14 +29,17 @@ hits = 0  # calls launched here (compile_stats()["cached_launches"])
 
 
 class _Launch:
-    __slots__ = ("plan", "index", "queue", "writes", "name")  # writes: indices of tensors the op writes
+    # writes: indices of tensors the op writes; write_back: the op path's
+    # copy into inputs the executable could not overwrite, or None
+    __slots__ = ("plan", "index", "queue", "writes", "name", "write_back")
 
-    def __init__(self, plan, device, writes, name):
+    def __init__(self, plan, device, writes, name, write_back):
         self.plan = plan
         self.index = device.index
         self.queue = device_queue(device.index)
         self.writes = writes
         self.name = name
+        self.write_back = write_back if plan.write_back else None
 
 
 def _params_of(op, info):
@@ -47,7 +50,7 @@ def _params_of(op, info):
     return params
 
 
-def _key(op, args, kwargs, params):
+def call_key(op, args, kwargs, params):
     """(key, tensors, spans, floats, ints), or None when the call needs the
     full path. spans[i]: None for a tensor passed directly, else its
     TensorSpec (a strided view, passed as the span of storage around it)."""
@@ -111,15 +114,17 @@ def _leaf(a, param, key, tensors, spans, numbers) -> bool:
     return False
 
 
-def remember(op, info, args, kwargs, sig, plan, device) -> None:
+def remember(op, info, args, kwargs, sig, plan, device, write_back) -> None:
     """Called after the full path launched `plan` for this call: remember it
-    under the cheap key if that key takes the call apart the same way."""
+    under the cheap key if that key takes the call apart the same way.
+    `write_back(plan, tensors, outs)`: the full path's copy of results into
+    inputs (eager.py), run after each launch of a plan that has one."""
     if plan.executable is None or any(spec.on_host for spec in sig.specs):
         return
     if sig.mutated and any(spec.stride is not None for spec in sig.specs):
         return  # a written view may overlap itself: the full path checks each call
     _params.pop(op, None)  # which numbers are runtime inputs changes when an op is baked
-    found = _key(op, args, kwargs, _params_of(op, info))
+    found = call_key(op, args, kwargs, _params_of(op, info))
     if found is None:
         return
     key, tensors, _, floats, ints = found
@@ -132,7 +137,7 @@ def remember(op, info, args, kwargs, sig, plan, device) -> None:
         return
     if len(_launches) >= _MAX_LAUNCHES:
         del _launches[next(iter(_launches))]
-    _launches[key] = _Launch(plan, device, tuple(sorted(sig.mutated)), info.name)
+    _launches[key] = _Launch(plan, device, tuple(sorted(sig.mutated)), info.name, write_back)
 
 
 def run(op, args, kwargs):
@@ -140,7 +145,7 @@ def run(op, args, kwargs):
     params = _params.get(op)
     if params is None:
         return MISS
-    found = _key(op, args, kwargs, params)
+    found = call_key(op, args, kwargs, params)
     if found is None:
         return MISS
     key, tensors, spans, floats, ints = found
@@ -196,10 +201,8 @@ def _launch(launch, tensors, spans, floats, ints):
     keepalive.append(outs)
     flag = outs[plan.flag] if plan.flag is not None else None
     queue.launch(plan.executable, bound, keepalive, plan.what, flag, lane)
-    if plan.write_back:
-        from .eager import write_back
-
-        write_back(plan, tensors, outs)
+    if launch.write_back is not None:
+        launch.write_back(plan, tensors, outs)
     stats.dispatched[launch.name] += 1
     stats.compiled[launch.name] += 1
     global hits

@@ -15,7 +15,6 @@ the verdict before the op runs), builds in line instead.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import threading
@@ -25,37 +24,21 @@ from collections import OrderedDict
 import torch
 
 from .. import config
-from ..cache import cache_key, executable_cache, layers
 from ..cache.disk import disk_cache
+from ..cache.executables import executable_for
 from ..cache.key import plan_id
-from ..compiler import (CompileError, compile_pool, data_tiling, says_nothing_about_the_module, target_flags,
-                        target_known)
+from ..compiler import compile_pool, says_nothing_about_the_module, target_flags, target_known
 from ..compiler.pool import background_pool, default_workers
-from ..compiler.progress import progress
 from ..lowering import NeedsResize, NotCompilable, lower_call, signature_of
 from ..lowering.graph import promotable_scalars
 from ..lowering.call import FRef, IRef, Seq, baked_ops
 from ..lowering.carriers import carrier_dtypes
 from ..lowering.worker import lower_call_elsewhere
-from ..runtime import LoadedExecutable, device_queue, synchronize_all
+from ..runtime import device_queue, synchronize_all
 from . import cached_launch, host_fallback, stats, warm_start
 from .cached_launch import assemble, new_output
 from .op_info import op_info
-
-
-class Plan:
-    __slots__ = ("executable", "flag", "out_specs", "returns", "what", "largest", "carriers", "write_back")
-
-    def __init__(self, executable, out_specs, flag, returns, what, write_back=()):
-        self.executable = executable
-        self.out_specs = out_specs
-        self.flag = flag
-        self.returns = returns
-        self.what = what
-        self.largest = None  # elements of the largest tensor it reads or writes (picks the lane)
-        self.carriers = None  # {input index: dtype it is bound as} (lowering/carriers.py)
-        # ((j, i), ...): after the launch, output j is copied into input i (lowering/aliasing.py)
-        self.write_back = tuple(tuple(p) for p in write_back)
+from .plans import Bake, Plan, Rejected, plan_from_record, record_of
 
 
 class _ResizeFirst:
@@ -79,15 +62,6 @@ class _Building:
 
     def __init__(self, future):
         self.future = future
-
-
-class _Rejected:
-    """A signature the compiler (or lowering) said no to: not retried."""
-
-    __slots__ = ("reason",)
-
-    def __init__(self, reason):
-        self.reason = reason
 
 
 _plans: OrderedDict = OrderedDict()
@@ -127,109 +101,13 @@ def _compile_plan(op, info, sig, target, lower, promote_scalars):
     return Plan(executable, lowered.out_specs, lowered.flag, lowered.returns, lowered.what, lowered.write_back)
 
 
-def executable_for(mlir: str, what: str, target: tuple, submit=None, show_progress: bool = True):
-    """The loaded executable of an MLIR module, through every cache layer
-    (memory, disk, remote, compile service) and compiled only when none has
-    it; every execution mode compiles through here. `submit` runs the compile
-    (a pool's submit; None: in this thread). Data tiling is kept only for
-    modules with a large matmul, and a module it fails to compile is compiled
-    again without it (data_tiling.py). Raises NotCompilable."""
-    target = data_tiling.for_module(mlir, target)
-    untiled = data_tiling.without(target)
-    if untiled is not None and _stored(mlir, untiled):  # an earlier run found that only this compiles
-        target = untiled
-    try:
-        return _executable_for(mlir, what, target, submit, show_progress)
-    except NotCompilable:
-        if untiled is None or target is untiled:
-            raise
-    return _executable_for(mlir, what, untiled, submit, show_progress)
-
-
-def _executable_for(mlir, what, target, submit, show_progress):
-    key = cache_key(mlir, *target)
-
-    def compile_executable():
-        with progress.compiling() if show_progress else _no_progress():
-            vmfb, seconds, source = layers.fetch_or_compile(key, mlir, what, target)
-        return LoadedExecutable(vmfb, key, what), len(vmfb), seconds, source
-
-    future = executable_cache().get_or_compile(key, compile_executable, submit or (lambda fn: fn()))
-    try:
-        return future.result()
-    except CompileError as e:
-        raise NotCompilable(str(e)) from None
-
-
-def _stored(mlir: str, target: tuple) -> bool:
-    key = cache_key(mlir, *target)
-    if key in executable_cache():
-        return True
-    disk = disk_cache()
-    return disk is not None and disk.has_executable(key)
-
-
-@contextlib.contextmanager
-def _no_progress():
-    yield
-
-
 class _Retry(Exception):
     pass
 
 
-# -- plans on disk: a restarted process lowers nothing it lowered before ------
-
-def _record_of(plan, op) -> dict:
-    if type(plan) is _Rejected:
-        return {"kind": "rejected", "reason": plan.reason, "op": op.name()}
-    return {
-        "kind": "plan",
-        "op": op.name(),
-        "executable": plan.executable.key if plan.executable is not None else None,
-        "out_specs": [[list(shape), str(dtype).replace("torch.", "")] for shape, dtype in plan.out_specs],
-        "flag": plan.flag,
-        "returns": plan.returns,
-        "what": plan.what,
-        "write_back": [list(p) for p in plan.write_back],
-    }
-
-
-class _Bake:
-    """Stored verdict: this op's scalars must be constants (see _build_plan)."""
-
-
-def plan_from_record(record, disk):
-    """The plan a stored record describes; None when it cannot be used (its
-    executable was evicted, or the record is malformed): lower again."""
-    if record is None:
-        return None
-    try:
-        kind = record["kind"]
-        if kind == "rejected":
-            return _Rejected(str(record["reason"]))
-        if kind == "bake":
-            return _Bake()
-        out_specs = tuple((tuple(shape), getattr(torch, dtype)) for shape, dtype in record["out_specs"])
-        key, what = record["executable"], str(record["what"])
-        if key is None:
-            return Plan(None, out_specs, None, record["returns"], what)
-        executable = executable_cache().get(key)
-        if executable is None:
-            vmfb = disk.get_executable(key)
-            if vmfb is None:
-                return None
-            executable, inserted = executable_cache().put(key, LoadedExecutable(vmfb, key, what), len(vmfb))
-            if inserted:  # the warm-start thread and the first step may both load it
-                layers.stats.add("disk")
-        return Plan(executable, out_specs, record["flag"], record["returns"], what, record.get("write_back", ()))
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
-
-
 def _plan_of(record, info, disk):
     plan = plan_from_record(record, disk)
-    if type(plan) is _Bake:
+    if type(plan) is Bake:
         baked_ops.add(info.name)
         raise _Retry()
     return plan
@@ -267,7 +145,7 @@ def _stored_plan(info, disk, pid, preloaded=False):
         return None
     warm_start.record(pid)
     plan = warm_start.take(pid) if preloaded else None
-    if type(plan) is _Bake:
+    if type(plan) is Bake:
         plan = None
     return plan if plan is not None else _plan_of(disk.get_plan(pid), info, disk)
 
@@ -333,7 +211,7 @@ def _build_or_read(op, info, sig, target, disk, pid, lower):
                 disk.put_plan(pid, {"kind": "bake"})
                 raise
             if _deterministic(plan):
-                disk.put_plan(pid, _record_of(plan, op))
+                disk.put_plan(pid, record_of(plan, op))
     return plan
 
 
@@ -364,7 +242,7 @@ def _landed(key, building):
     except _Retry:
         plan = None
     except Exception as e:  # noqa: BLE001 - a build that broke: the op is not compiled
-        plan = _Rejected(f"the background build failed: {type(e).__name__}: {e}"[:500])
+        plan = Rejected(f"the background build failed: {type(e).__name__}: {e}"[:500])
     with _plans_lock:
         if plan is None:
             _plans.pop(key, None)
@@ -398,7 +276,7 @@ def _deterministic(plan) -> bool:
     """Whether a verdict holds for every process: a compiler that crashed
     (killed, out of memory or disk) or was stopped by a limit says nothing
     about the op."""
-    return type(plan) is not _Rejected or not says_nothing_about_the_module(plan.reason)
+    return type(plan) is not Rejected or not says_nothing_about_the_module(plan.reason)
 
 
 def _build_or_reject(op, info, sig, target, lower):
@@ -407,7 +285,7 @@ def _build_or_reject(op, info, sig, target, lower):
     except NeedsResize:
         raise
     except NotCompilable as e:
-        return _Rejected(str(e))
+        return Rejected(str(e))
 
 
 def plan_for(op, info, args, kwargs):
@@ -430,7 +308,7 @@ def plan_for(op, info, args, kwargs):
             _plans[sig.key] = plan
             if len(_plans) > _MAX_PLANS:
                 _plans.popitem(last=False)
-    if type(plan) is _Rejected:
+    if type(plan) is Rejected:
         raise NotCompilable(plan.reason)
     if type(plan) is _Building:
         raise Compiling()
@@ -453,7 +331,7 @@ def run(op, info, args, kwargs, device: torch.device, remember: bool = False):
     outs = launch(plan, sig, device)
     stats.record(stats.compiled, info.name)
     if remember:
-        cached_launch.remember(op, info, args, kwargs, sig, plan, device)
+        cached_launch.remember(op, info, args, kwargs, sig, plan, device, write_back)
     return assemble(plan.returns, sig.tensors, outs)
 
 

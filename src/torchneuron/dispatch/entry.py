@@ -16,11 +16,9 @@ import time
 
 import torch
 
-from .. import _C, config, trace
-from .. import runtime
+from .. import _C, config, runtime, trace
 from ..lowering import NotCompilable
-from ..eval import registry as shape_registry
-from . import cached_launch, eager, host_fallback, math_bits, stats, warm_start
+from . import cached_launch, eager, host_fallback, math_bits, shape_recording, stats, warm_start
 from .op_info import METADATA_OPS, op_info
 
 _NEURON = "neuron"
@@ -138,7 +136,7 @@ def dispatch(op, *args, **kwargs):
         result = math_bits.resolve(op, args, kwargs)
         if result is not math_bits.UNCHANGED:
             return result
-    if not unusable_reason and config.settings.execution == "compile" and shape_registry._recorder is None:
+    if not unusable_reason and config.settings.execution == "compile" and shape_recording._recorder is None:
         if recording is not None:
             result = recording.record(op, args, kwargs)
         else:
@@ -152,7 +150,7 @@ def dispatch(op, *args, **kwargs):
     device = _device_of(args, kwargs, info)
     if not warm_start._started:
         _first_op(device)
-    recorder = shape_registry._recorder
+    recorder = shape_recording._recorder
     if recorder is not None:
         recorder.record(info.name, args, kwargs)
     if info.metadata_only:
@@ -268,7 +266,7 @@ def _transfer(op, info, args, kwargs, device):
             and src.dtype == dst.dtype
         ):
             # A copy within one device (clone, contiguous, cat of views...) is device work.
-            if recording is not None and shape_registry._recorder is None:
+            if recording is not None and shape_recording._recorder is None:
                 result = recording.record_slow(_COPY, op_info(_COPY), (dst, src), {}, device)
                 if result is recording.FIRST_MEETING:
                     run_while_compiling(_COPY, op_info(_COPY), (dst, src), {}, device)

@@ -16,7 +16,7 @@ import warnings
 import torch
 
 from .. import _C, config
-from ..device import random as neuron_random
+from ..runtime import generators as neuron_random
 from ..lowering.call import numbers_as_tensors
 from . import host_threads, stats
 
@@ -48,7 +48,7 @@ def admit(name: str, reason: str, stacklevel: int = 4) -> None:
     stats.record(stats.host_fallback, name)
 
 
-def _to_host(value, aliases: dict):
+def to_host(value, aliases: dict):
     """Neuron tensors (also inside lists) -> CPU aliases; neuron devices -> cpu."""
     if isinstance(value, torch.Tensor):
         if value.device.type == _NEURON:
@@ -57,7 +57,7 @@ def _to_host(value, aliases: dict):
             return alias
         return value
     if isinstance(value, (list, tuple)):
-        return type(value)(_to_host(v, aliases) for v in value)
+        return type(value)(to_host(v, aliases) for v in value)
     if isinstance(value, torch.device) and value.type == _NEURON:
         return torch.device("cpu")
     return value
@@ -153,12 +153,12 @@ def run(op, info, args, kwargs, device: torch.device):
         dst.copy_(src_host)
         return dst
 
-    host_kwargs = {k: _to_host(v, aliases) for k, v in kwargs.items()} if kwargs else {}
-    host_args, host_kwargs = numbers_as_tensors(op, _to_host(args, aliases), host_kwargs)
+    host_kwargs = {k: to_host(v, aliases) for k, v in kwargs.items()} if kwargs else {}
+    host_args, host_kwargs = numbers_as_tensors(op, to_host(args, aliases), host_kwargs)
     bases = list(aliases.values())
 
     if info.seeded:
-        result = _run_seeded(op, host_args, host_kwargs, device)
+        result = run_seeded(op, host_args, host_kwargs, device)
     else:
         result = op(*as_cpu_expects(name, host_args), **host_kwargs)
 
@@ -183,7 +183,7 @@ def _sync_mutated(arg_name, info, args, kwargs, host_args, host_kwargs):
                 _write_back_metadata(n, a)
 
 
-def _run_seeded(op, host_args, host_kwargs, device):
+def run_seeded(op, host_args, host_kwargs, device):
     """Random ops draw from the neuron generator: its state is loaded into the
     CPU default generator for the call, so seeded runs match CPU exactly."""
     host_threads.confine()

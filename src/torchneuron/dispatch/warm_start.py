@@ -27,15 +27,14 @@ _started = False
 _atexit_registered = False
 
 
-def _manifest_path(disk) -> str:
+def _manifest_name() -> str:
     from ..compiler import target_flags
 
     program = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] not in ("", "-c", "-m") else "interactive"
     # One manifest per target too: a run compiling for another CPU (on a
     # shared cache directory) must not preload executables built for this one.
     backend, flags = target_flags()
-    name = hashlib.sha256("\0".join((program, backend, *flags)).encode()).hexdigest()[:32]
-    return os.path.join(disk.root, "warm", name + ".json")
+    return hashlib.sha256("\0".join((program, backend, *flags)).encode()).hexdigest()[:32]
 
 
 def record(plan_id: str) -> None:
@@ -60,24 +59,20 @@ def save() -> None:
     if disk is None or not disk.writable or not _used:
         return
     try:
-        path = _manifest_path(disk)
+        name = _manifest_name()
     except Exception:  # noqa: BLE001 - no target (e.g. a refused TORCHNEURON_TARGET_CPU): nothing to save
         return
-    previous = _read(path)
+    previous = _read(disk, name)
     ids = list(_used) + [p for p in previous if p not in _seen]
-    try:
-        disk._write_atomic(path, json.dumps(ids[:_MAX_MANIFEST]).encode())
-    except OSError:
-        pass
+    disk.write_record("warm", name, json.dumps(ids[:_MAX_MANIFEST]).encode())
 
 
-def _read(path: str) -> list:
+def _read(disk, name: str) -> list:
     try:
-        with open(path, "rb") as f:
-            ids = json.loads(f.read())
-        return [p for p in ids if isinstance(p, str)] if isinstance(ids, list) else []
-    except (OSError, ValueError):
+        ids = json.loads(disk.read_record("warm", name) or b"[]")
+    except ValueError:
         return []
+    return [p for p in ids if isinstance(p, str)] if isinstance(ids, list) else []
 
 
 def begin(device_index: int) -> None:
@@ -109,10 +104,10 @@ def begin(device_index: int) -> None:
 def _preload(disk, device_index: int) -> None:
     from ..cache.key import code_fingerprint
     from ..runtime import device_queue
-    from .eager import plan_from_record
+    from .plans import plan_from_record
 
     try:
-        ids = _read(_manifest_path(disk))
+        ids = _read(disk, _manifest_name())
         if not ids:
             return
         code_fingerprint()  # hashes the sources once: off the first step's path

@@ -28,12 +28,11 @@ import torch
 import torch.fx
 
 from .. import config, trace
-from ..cache import executable_cache
+from ..cache import executable_cache, executables
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
-from ..dispatch import eager
 from ..dispatch.cached_launch import new_output
-from ..device import random as neuron_random
+from ..runtime import generators as neuron_random
 from ..dispatch import draws_ahead
 from ..lowering import NotCompilable
 from ..lowering.aliasing import element_by_element
@@ -653,7 +652,7 @@ def compile_program(program: GraphProgram, example_inputs, target: tuple, submit
         return CompiledGraph(program, None, index)
 
     def compile_graph():
-        executable = eager.executable_for(mlir, program.what, target)
+        executable = executables.executable_for(mlir, program.what, target)
         if pid is not None:
             disk.put_plan(pid, {"kind": "torch.compile graph", "executable": executable.key})
         return executable

@@ -20,6 +20,9 @@ import sys
 import time
 import traceback
 
+from . import census_inputs
+from .census_inputs import NotBuildable  # noqa: F401 - raised and caught here, and by the census's callers
+
 # Sizes a tiny configuration gets, wherever the configuration has the attribute.
 _TINY = {
     "hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "dim": 32,
@@ -48,9 +51,6 @@ _HEAD_MAPPINGS = (
 )
 
 
-class NotBuildable(Exception):
-    """The architecture cannot be built here: a missing optional dependency, a
-    configuration the generic tiny sizes break. Never a backend failure."""
 
 
 def architectures() -> list:
@@ -522,8 +522,6 @@ def _without_zero_matrices(model) -> None:
 def inputs_for(model, config) -> dict:
     """Generic inputs by the model's classes and configuration (rules in
     census_inputs); raises NotBuildable."""
-    from torchneuron.eval import census_inputs
-
     return census_inputs.inputs_for(model, config)
 
 
@@ -756,7 +754,7 @@ def run_one(model_type: str, cls_name: str, head: str, modes: list, record: str 
         if compiled:
             torch._dynamo.reset()
         recorder = registry.Recorder(record or os.devnull, model_type)
-        registry._recorder = recorder
+        registry.set_active(recorder)
         references: dict = {}  # CPU's answers in float64 and with denormals flushed, at the first mismatch
 
         def reference(make) -> tuple:
@@ -800,7 +798,7 @@ def run_one(model_type: str, cls_name: str, head: str, modes: list, record: str 
                 entry["backward"] = "error"
             entry["error"] = _error_class(e)
         finally:
-            registry._recorder = None
+            registry.set_active(None)
             model.to("cpu")
         ops.update(op for op, _, _ in recorder.counts)
         entry["signatures"] = len(recorder.counts)

@@ -13,7 +13,7 @@ whether it has a decoder) and builds a small batch of random inputs:
   `forward` requires.
 
 Every size is read from the configuration the census has shrunk, so the
-inputs agree with the tiny model. Raises `census.NotBuildable` when a model
+inputs agree with the tiny model. Raises `NotBuildable` when a model
 takes something that is not a tensor a rule can make (a video-tracking
 session object, say).
 """
@@ -32,10 +32,9 @@ _TEXT = ("text_config", "decoder_config", "language_config", "llm_config")
 _AUDIO = ("audio_config", "encoder_config", "audio_encoder_config", "acoustic_config", "asr_config")
 
 
-def _not_buildable(message: str) -> Exception:
-    from torchneuron.eval.census import NotBuildable  # census imports this module lazily
-
-    return NotBuildable(message)
+class NotBuildable(Exception):
+    """The architecture cannot be built here: a missing optional dependency, a
+    configuration the generic tiny sizes break. Never a backend failure."""
 
 
 def _get(cfg, key):
@@ -362,7 +361,7 @@ def _build_main(spec: _Spec, name: str) -> dict:
         return _audio_values(spec, name)
     if name in _AUDIO_FEATURE_NAMES:
         return _audio_features(spec, name)
-    raise _not_buildable(f"no generic input for main input {name!r}")
+    raise NotBuildable(f"no generic input for main input {name!r}")
 
 
 def _placeholder_key(key: str) -> bool:
@@ -462,7 +461,7 @@ def inputs_for(model, config) -> dict:
     import torch
 
     if type(model).forward is torch.nn.Module.forward:
-        raise _not_buildable("the model class has no forward of its own (a container of sub-models)")
+        raise NotBuildable("the model class has no forward of its own (a container of sub-models)")
     spec = _Spec(model, config)
     out = _build_main(spec, _main(spec))
     out.update(_dual(spec, out))
@@ -472,5 +471,5 @@ def inputs_for(model, config) -> dict:
     out.update(_companions(spec, out))
     missing = [n for n in spec.required if n not in out]
     if missing:
-        raise _not_buildable(f"forward requires {', '.join(missing)}: no generic input")
+        raise NotBuildable(f"forward requires {', '.join(missing)}: no generic input")
     return out

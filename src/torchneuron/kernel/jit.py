@@ -140,15 +140,13 @@ class Kernel:
             found = self._compiled.get(key)
         if found is not None:
             return found
-        from ..compiler import target_flags
-        from ..dispatch import eager
-
-        from ..lowering import NotCompilable
+        from ..cache import executables
+        from ..compiler import NotCompilable, target_flags
 
         tracer = self.trace(grid, arguments)
         backend, flags = target_flags()
         try:
-            executable = eager.executable_for(tracer.module(), f"kernel {self.fn.__name__}", (backend, tuple(flags)))
+            executable = executables.executable_for(tracer.module(), f"kernel {self.fn.__name__}", (backend, tuple(flags)))
         except NotCompilable as e:  # the kernel passed every rule: what failed is the lowering's
             code = self.fn.__code__
             raise KernelError(

@@ -19,11 +19,9 @@ from typing import NamedTuple
 
 import torch
 
+from ..compiler import NotCompilable  # noqa: F401 - raised by every lowering
+
 ALIGNMENT = 64
-
-
-class NotCompilable(Exception):
-    """This call cannot take the compiled path; the reason says why."""
 
 
 # Leaves of an argument structure. The tag keeps them apart in keys (named

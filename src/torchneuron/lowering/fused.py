@@ -19,7 +19,7 @@ import torch
 from . import index_checks
 from .call import numbers_as_tensors, rebuild
 from .decompositions import _rounded_to, direct_decompositions
-from .graph import _get, export_to_mlir
+from .graph import export_to_mlir, value_at
 from .isolation import outside_program_modes
 from .strided import strided_index, strided_view
 
@@ -165,7 +165,7 @@ class _GraphModule(torch.nn.Module):
                 flags.append(out_of_range.reshape(()))
             result = direct_decompositions().get(gop.op, gop.op)(*args, **kwargs)
             for path, slot in gop.outputs:
-                bufs[slot] = _as_stored(_get(result, path)).reshape(-1)
+                bufs[slot] = _as_stored(value_at(result, path)).reshape(-1)
             for i in sorted(gop.mutated):
                 ref = gop.views[i]
                 bufs[ref.slot] = _scatter(bufs[ref.slot], ref, _as_stored(tensors[i]))

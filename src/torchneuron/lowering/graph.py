@@ -127,17 +127,18 @@ def _returns_template(result, metas, out_specs: list):
     raise NotCompilable(f"the op returns a {type(result).__name__}")
 
 
-def _paths_to_outputs(template, path=()):
+def paths_to_outputs(template, path=()):
     if template is None:
         return []
     if template[0] == "out":
         return [(template[1], path)]
     if template[0] == "arg":
         return []
-    return [p for i, t in enumerate(template[1]) for p in _paths_to_outputs(t, path + (i,))]
+    return [p for i, t in enumerate(template[1]) for p in paths_to_outputs(t, path + (i,))]
 
 
-def _get(value, path):
+def value_at(value, path):
+    """The element of a nested result at a path of indices."""
     for i in path:
         value = value[i]
     return value
@@ -187,7 +188,7 @@ def lower_call(op, info, sig: CallSignature, promote_scalars: bool = False) -> L
 def _lower_call(op, info, sig: CallSignature, promote_scalars: bool) -> LoweredCall:
     what = describe(info, sig)
     out_specs, returns = call_results(op, info, sig)
-    outputs = _paths_to_outputs(returns)
+    outputs = paths_to_outputs(returns)
     if all(_numel(shape) == 0 for shape, _ in out_specs) and all(
         _numel(sig.specs[i].shape) == 0 for i in sig.mutated
     ):
@@ -353,7 +354,7 @@ class _CallModule(torch.nn.Module):
             inputs[pos + self.flag].copy_(out_of_range)
         result = direct_decompositions().get(self.op, self.op)(*args, **kwargs)
         for j, path in self.outputs:
-            value, destination = _get(result, path), inputs[pos + j]
+            value, destination = value_at(result, path), inputs[pos + j]
             if self.promote_scalars and value.shape != destination.shape:
                 value = value.reshape(destination.shape)
             destination.copy_(value)

@@ -11,7 +11,7 @@ import torch
 import torch.utils.dlpack
 
 from .. import _C
-from ..device.hal import hal_device
+from ..hal.devices import hal_device
 
 
 def to_buffer_view(t: torch.Tensor):

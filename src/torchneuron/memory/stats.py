@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from .. import _C
-from ..device.index import device_index
+from ..hal.index import device_index
 
 
 def memory_allocated(device=None) -> int:

@@ -22,7 +22,7 @@ from collections import deque
 import numpy as np
 
 from .. import _C, config, trace
-from ..device.hal import hal_device, inline_device
+from ..hal.devices import hal_device, inline_device
 from . import memory_guards
 from .errors import NeuronAsyncError, user_source_line
 

@@ -22,7 +22,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from . import protocol
+from ..cache import service_protocol as protocol
 
 _HANDSHAKE_TIMEOUT = 30.0  # seconds a peer has to prove itself before it is dropped
 
@@ -94,7 +94,7 @@ class CompileService:
                 del self._inflight[key]
 
     def health(self) -> dict:
-        from .. import __version__
+        from ..version import __version__
         from ..compiler import compiler_version
 
         with self._lock:

@@ -95,7 +95,7 @@ def recv(sock: socket.socket, max_payload: int = _MAX_PAYLOAD) -> tuple:
 def client_handshake(sock: socket.socket, secret: bytes) -> None:
     """Prove to the service that this process holds the secret, and check that
     the service holds it too; trust.AuthError otherwise."""
-    from ..cache import trust
+    from . import trust
 
     client_nonce = trust.new_nonce()
     send(sock, {"op": "hello", "nonce": client_nonce})
@@ -117,7 +117,7 @@ UNAUTHORIZED = ("this compile service requires clients to prove they hold its ca
 
 def server_handshake(sock: socket.socket, secret: bytes) -> bool:
     """Whether the peer proved it holds the secret; if not, it has been told why."""
-    from ..cache import trust
+    from . import trust
 
     header, _ = recv(sock, _MAX_UNAUTHENTICATED)
     if header.get("op") != "hello":

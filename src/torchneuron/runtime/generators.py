@@ -8,7 +8,7 @@ import random as _py_random
 import torch
 
 from .. import _C
-from .index import device_index
+from ..hal.index import device_index
 
 _default_generators: dict = {}
 

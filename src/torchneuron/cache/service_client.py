@@ -18,8 +18,8 @@ import time
 import warnings
 
 from .. import config
-from ..cache import trust
-from . import protocol
+from . import service_protocol as protocol
+from . import trust
 
 _RETRY_AFTER = 10.0
 
@@ -87,7 +87,7 @@ class ServiceClient:
     def compile(self, key: str, mlir: str, what: str, target: tuple) -> tuple:
         """(vmfb, seconds, source at the service). Raises CompileError for the
         compiler's verdict, ServiceUnavailable for anything else."""
-        from ..cache import entry
+        from . import entry
         from ..compiler import CompileError
 
         backend, flags = target
