@@ -1,6 +1,6 @@
 """Long sums, matrix products and convolutions on neuron vs CPU eager: time,
 and each one's distance from the float64 answer, side by side in one run
-(lowering/long_sums.py, split_k.py, long_convolutions.py, convolution_products.py,
+(lowering/rules/long_sums.py, split_k.py, long_convolutions.py, convolution_products.py,
 convolution_backward.py), the backward of bilinear upsampling
 (interpolation_backward.py; before it, the host path: CPU's kernel), and
 float32 sin, cos and tan (trigonometry.py), atan, atan2, asin, pow, exp2

@@ -1,5 +1,5 @@
 """Softmax on neuron vs CPU eager at row counts IREE's tiling handled badly
-(lowering/softmax_rows.py), measured side by side in one run.
+(lowering/rules/softmax_rows.py), measured side by side in one run.
 
     python bench/softmax.py [--repeats 7] [--write docs/benchmarks.md]
 

@@ -1,7 +1,7 @@
 """Convolutions as the lowering rewrites them: 1-D and 1x1 ones as batched
-products (lowering/convolution_products.py), and every convolution's
+products (lowering/rules/convolution_products.py), and every convolution's
 backward as plain convolutions and batched products
-(lowering/convolution_backward.py). Each against CPU's, for plain and
+(lowering/rules/convolution_backward.py). Each against CPU's, for plain and
 transposed convolutions with strides, padding (also wider than the kernel's
 reach), dilation, groups and output padding; nothing runs on the host, and
 the inputs are left as they were."""

@@ -325,7 +325,7 @@ def test_fused_lstm_cell_signatures_get_a_cpu_answer():
     signatures were invalid). The answers agree with the formulas of CUDA's
     kernels the lowering uses, and a backward's state is made consistent."""
     from torchneuron.eval import rnn_references
-    from torchneuron.lowering import rnn_cells
+    from torchneuron.lowering.rules import rnn_cells
 
     gen = torch.Generator().manual_seed(0)
 

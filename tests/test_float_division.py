@@ -1,5 +1,5 @@
 """fmod, remainder and floor division give CPU's exact results
-(lowering/float_division.py): fmod was off by the divisor with the wrong sign,
+(lowering/rules/float_division.py): fmod was off by the divisor with the wrong sign,
 and the floor quotient one too large, where a / b rounds up to an integer."""
 
 import pytest

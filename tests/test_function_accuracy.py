@@ -1,5 +1,5 @@
 """float32 elementary functions are as close to exact as CPU's
-(lowering/trigonometry.py, hyperbolic.py, double_evaluation.py).
+(lowering/rules/trigonometry.py, hyperbolic.py, double_evaluation.py).
 
 IREE's own float32 expansions were inaccurate where the result is small or
 the formula cancels: sin of small x 4.3e-3 off relatively, 1-11 near the

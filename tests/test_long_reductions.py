@@ -2,7 +2,7 @@
 
 IREE accumulates a reduction in order, so its float32 error grows with the
 reduction's length (rows of 16485: 22x CPU's; a product with K = 8192: 5x);
-the lowering sums long reductions in blocks (lowering/long_sums.py, split_k.py,
+the lowering sums long reductions in blocks (lowering/rules/long_sums.py, split_k.py,
 long_convolutions.py).
 Each case compares neuron's and CPU's distance from the float64 answer."""
 

@@ -1,4 +1,4 @@
-"""NaN in, NaN out, as CPU (lowering/nan_propagation.py): clamp and its
+"""NaN in, NaN out, as CPU (lowering/rules/nan_propagation.py): clamp and its
 relatives, binary max/min, argmax/argmin and max/min over a dimension, sort
 and topk; and integer negation exact (it went through float32)."""
 

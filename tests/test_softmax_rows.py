@@ -1,5 +1,5 @@
 """Softmax and log_softmax over the last dimension compute their rows in
-groups (lowering/softmax_rows.py: IREE ran the rows its tiling left
+groups (lowering/rules/softmax_rows.py: IREE ran the rows its tiling left
 over as scalar code, 20-70x slower than CPU). Results, gradients and inputs
 against CPU, and the grouping itself in the traced graph."""
 

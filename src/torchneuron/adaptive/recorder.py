@@ -18,6 +18,7 @@ executable and written nowhere (see executor).
 
 from __future__ import annotations
 
+import math
 import threading
 from operator import itemgetter
 
@@ -395,7 +396,7 @@ def _build_recipe(op, info, args, kwargs, params, key, tensors, floats, ints):
         return _NotRecordable(str(e))
     if not out_specs and not sig.mutated:
         return _NotRecordable("no results")
-    if any(_numel(shape) == 0 for shape, _ in out_specs):
+    if any(math.prod(shape) == 0 for shape, _ in out_specs):
         return _NotRecordable("an empty result")
     views = tuple((spec.shape, spec.stride if spec.stride is not None else _contiguous_strides(spec.shape))
                   for spec in sig.specs)
@@ -410,7 +411,7 @@ def _build_recipe(op, info, args, kwargs, params, key, tensors, floats, ints):
         mutated=sig.mutated, out_specs=tuple(out_specs), returns=returns,
         outputs=tuple(paths_to_outputs(returns)), checked=index_checks.has_checks(op),
         what=describe(info, sig), index=device.index, n_floats=len(floats), n_ints=len(ints),
-        out_slots=tuple((shape, dtype, _numel(shape)) for shape, dtype in out_specs),
+        out_slots=tuple((shape, dtype, math.prod(shape)) for shape, dtype in out_specs),
     )
 
 
@@ -421,13 +422,6 @@ def _contiguous_strides(shape) -> tuple:
         strides.append(step)
         step *= max(n, 1)
     return tuple(reversed(strides))
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _append(recipe, tensors, floats, ints):

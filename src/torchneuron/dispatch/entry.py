@@ -1,9 +1,13 @@
 """The one dispatch entry point: every aten op on a neuron tensor that is not
 pure metadata (allocation, views: csrc/kernels.cpp) arrives here.
 
-This is where execution strategies plug in. Today every op runs on the host
-fallback; the compile-first path (one op -> one cached IREE executable) is
-chosen here when it exists, and the fallback stays for what it cannot take.
+Every execution mode starts here. In op mode a call runs as its cached
+executable (cached_launch.py for calls seen before, eager.py for the rest);
+in adaptive eager the recorder (adaptive/, installed as `recording`) takes
+it into the pending graph; a call whose executable is still compiling, or
+that no executable can take, runs on the host path (host_fallback.py), and
+`TORCHNEURON_FALLBACK=error` makes the latter an error. Copies between
+devices and metadata-only ops go on to PyTorch's composite kernels.
 """
 
 from __future__ import annotations
@@ -136,11 +140,10 @@ def dispatch(op, *args, **kwargs):
         result = math_bits.resolve(op, args, kwargs)
         if result is not math_bits.UNCHANGED:
             return result
-    if not unusable_reason and config.settings.execution == "compile" and shape_recording._recorder is None:
-        if recording is not None:
-            result = recording.record(op, args, kwargs)
-        else:
-            result = cached_launch.run(op, args, kwargs)
+    compiled = config.settings.execution == "compile"
+    recorder = shape_recording._recorder  # recording shapes sees every call: no shortcut then
+    if compiled and recorder is None and not unusable_reason:
+        result = recording.record(op, args, kwargs) if recording is not None else cached_launch.run(op, args, kwargs)
         if result is not cached_launch.MISS:
             return result
     if unusable_reason:
@@ -150,7 +153,6 @@ def dispatch(op, *args, **kwargs):
     device = _device_of(args, kwargs, info)
     if not warm_start._started:
         _first_op(device)
-    recorder = shape_recording._recorder
     if recorder is not None:
         recorder.record(info.name, args, kwargs)
     if info.metadata_only:
@@ -162,36 +164,44 @@ def dispatch(op, *args, **kwargs):
         result = parity(*args, **kwargs)
         if result is not NotImplemented:
             return result
-    if recording is not None and info.seeded and recorder is None and config.settings.execution == "compile":
-        result = recording.record_random(op, info, args, kwargs, device)
-        if result is not cached_launch.MISS:
-            return result
-    if config.settings.execution == "compile" and not info.seeded:
-        rewrite = _REWRITES.get(info.name)
-        if rewrite is not None:
-            result = rewrite(*args, **kwargs)
-            if result is not NotImplemented:
-                return result
-        if recording is not None and recorder is None:
-            result = recording.record_slow(op, info, args, kwargs, device)
-            if result is recording.FIRST_MEETING:
-                return run_while_compiling(op, info, args, kwargs, device)
+    if compiled:
+        return _run_compiled(op, info, args, kwargs, device, recorder is None)
+    return _run_on_host(op, info, args, kwargs, device, "execution=host")
+
+
+def _run_compiled(op, info, args, kwargs, device, record: bool):
+    """Compile mode: the adaptive recorder (where `record`: no shape
+    recording is on) or the op's executable; the host path for what neither
+    takes, and for random ops (CPU's generator stream)."""
+    if info.seeded:
+        if record and recording is not None:
+            result = recording.record_random(op, info, args, kwargs, device)
             if result is not cached_launch.MISS:
                 return result
-        try:
-            return eager.run(op, info, args, kwargs, device, remember=True)
-        except eager.Compiling:
+        return _run_on_host(op, info, args, kwargs, device, "random ops use the CPU-compatible generator")
+    rewrite = _REWRITES.get(info.name)
+    if rewrite is not None:
+        result = rewrite(*args, **kwargs)
+        if result is not NotImplemented:
+            return result
+    if record and recording is not None:
+        result = recording.record_slow(op, info, args, kwargs, device)
+        if result is recording.FIRST_MEETING:
             return run_while_compiling(op, info, args, kwargs, device)
-        except NotCompilable as e:
-            reason = str(e)
-            stats.fallback_reasons.setdefault(info.name, reason)
-            if info.composite_only:
-                # No CPU kernel: PyTorch's generic kernel (in the CPU slot)
-                # breaks the op into smaller neuron ops instead.
-                stats.record(stats.decomposed, info.name)
-                return op.redispatch(_COMPOSITE_SLOT, *args, **kwargs)
-    else:
-        reason = "random ops use the CPU-compatible generator" if info.seeded else "execution=host"
+        if result is not cached_launch.MISS:
+            return result
+    try:
+        return eager.run(op, info, args, kwargs, device, remember=True)
+    except eager.Compiling:
+        return run_while_compiling(op, info, args, kwargs, device)
+    except NotCompilable as e:
+        reason = str(e)
+        stats.fallback_reasons.setdefault(info.name, reason)
+        if info.composite_only:
+            # No CPU kernel: PyTorch's generic kernel (in the CPU slot)
+            # breaks the op into smaller neuron ops instead.
+            stats.record(stats.decomposed, info.name)
+            return op.redispatch(_COMPOSITE_SLOT, *args, **kwargs)
     return _run_on_host(op, info, args, kwargs, device, reason)
 
 

@@ -33,3 +33,29 @@ def allow_neuron() -> None:
     validate_device = torch._dynamo.dont_skip_tracing(validate_device)
     validate_device._neuron_allowed = True
     module._validate_device = validate_device
+
+
+@functools.lru_cache(maxsize=1)
+def dense_attention() -> dict:
+    """FlexAttention's operators -> their math implementations (scores
+    materialized, score_mod and mask applied with vmap, as PyTorch runs them
+    on CPU), which export traces into ATen ops the lowering compiles whole;
+    the operators themselves do not lower (torch-mlir cannot legalize them)."""
+    flex = _flex_module()
+    return {flex.flex_attention: dense_flex_attention, flex.flex_attention_backward: dense_flex_attention_backward}
+
+
+def _flex_module():
+    import importlib
+
+    return importlib.import_module("torch._higher_order_ops.flex_attention")  # the package exports the HOP by this name
+
+
+# Module-level functions, so that the graph's generated code names them here
+# (the math implementations' own module path resolves to the operator).
+def dense_flex_attention(*args):
+    return _flex_module().sdpa_dense(*args)
+
+
+def dense_flex_attention_backward(*args):
+    return _flex_module().sdpa_dense_backward(*args)

@@ -31,15 +31,16 @@ from .. import config, trace
 from ..cache import executable_cache, executables
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
-from ..dispatch.cached_launch import new_output
-from ..runtime import generators as neuron_random
 from ..dispatch import draws_ahead
+from ..dispatch.cached_launch import new_output
 from ..lowering import NotCompilable
 from ..lowering.aliasing import element_by_element
 from ..lowering.graph import export_to_mlir
 from ..lowering.isolation import outside_program_modes
 from ..runtime import LoadedExecutable, device_queue
+from ..runtime import generators as neuron_random
 from ..runtime.queue import queue_recorded
+from . import flex_attention
 
 _NEURON = "neuron"
 _CPU = torch.device("cpu")
@@ -310,36 +311,10 @@ def _factories_on_cpu(gm: torch.fx.GraphModule) -> None:
             node.kwargs = {**node.kwargs, "device": _CPU}
         if node.target is torch.ops.aten._to_copy.default and "device" in node.kwargs:
             node.kwargs = {k: v for k, v in node.kwargs.items() if k != "device"}
-        dense = _dense_attention().get(node.target)
+        dense = flex_attention.dense_attention().get(node.target)
         if dense is not None:
             node.target = dense
     gm.recompile()
-
-
-@functools.lru_cache(maxsize=1)
-def _dense_attention() -> dict:
-    """FlexAttention's operators -> their math implementations (scores
-    materialized, score_mod and mask applied with vmap, as PyTorch runs them
-    on CPU), which export traces into ATen ops the lowering compiles whole;
-    the operators themselves do not lower (torch-mlir cannot legalize them)."""
-    flex = _flex_module()
-    return {flex.flex_attention: dense_flex_attention, flex.flex_attention_backward: dense_flex_attention_backward}
-
-
-def _flex_module():
-    import importlib
-
-    return importlib.import_module("torch._higher_order_ops.flex_attention")  # the package exports the HOP by this name
-
-
-# Module-level functions, so that the graph's generated code names them here
-# (the math implementations' own module path resolves to the operator).
-def dense_flex_attention(*args):
-    return _flex_module().sdpa_dense(*args)
-
-
-def dense_flex_attention_backward(*args):
-    return _flex_module().sdpa_dense_backward(*args)
 
 
 def _attribute(module, target: str):
@@ -354,7 +329,10 @@ def _set_attribute(module, target: str, value) -> None:
         module = getattr(module, part)
     if isinstance(getattr(module, name, None), torch.nn.Parameter):
         value = torch.nn.Parameter(value, requires_grad=False)
-    setattr(module, name, value) if name not in module._buffers else module._buffers.__setitem__(name, value)
+    if name in module._buffers:
+        module._buffers[name] = value
+    else:
+        setattr(module, name, value)
 
 
 def _take_randoms(gm: torch.fx.GraphModule) -> list:

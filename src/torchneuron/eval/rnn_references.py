@@ -1,5 +1,5 @@
 """CPU answers for the fused LSTM cell PyTorch sends accelerators
-(lowering/rnn_cells.py): it has kernels on CUDA only. The answers come from
+(lowering/rules/rnn_cells.py): it has kernels on CUDA only. The answers come from
 CPU's own lstm_cell and autograd, not from the formulas the lowering uses."""
 
 from __future__ import annotations

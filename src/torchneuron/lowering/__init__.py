@@ -1,5 +1,7 @@
-"""Lowering: an aten op call (later: a graph) -> one functional FX graph ->
-torch-dialect MLIR through IREE's FX importer. One module for every mode."""
+"""Lowering: an aten op call (call.py, graph.py), a recorded graph of them
+(fused.py) or a torch.compile graph -> one functional FX graph with
+torchneuron's decompositions (decompositions.py over rules/) -> torch-dialect
+MLIR through IREE's FX importer. One lowering for every mode."""
 
 from .call import CallSignature, NotCompilable, signature_of
 from .graph import LoweredCall, NeedsResize, lower_call

@@ -18,6 +18,8 @@ fresh memory and copies it back in a second launch.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .call import NotCompilable
@@ -77,13 +79,6 @@ def _shape(node):
     return tuple(value.shape) if isinstance(value, torch.Tensor) else None
 
 
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 def _reads_same_elements(node, operand_position: int, operand) -> bool:
     """Does `node` read `operand` (its input at operand_position) only at the
     positions it writes?"""
@@ -97,7 +92,7 @@ def _reads_same_elements(node, operand_position: int, operand) -> bool:
     if target in _UPDATES_IN_PLACE:
         return operand_position == _UPDATES_IN_PLACE[target] and in_shape == out_shape
     if target in _SAME_ELEMENTS:
-        return _numel(in_shape) == _numel(out_shape)
+        return math.prod(in_shape) == math.prod(out_shape)
     tags = getattr(target, "tags", ())
     return torch.Tag.pointwise in tags and in_shape == out_shape
 

@@ -10,9 +10,9 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
-from . import (amp, convolution_backward, convolution_products, double_evaluation, float_division, hyperbolic,
-               interpolation_backward, linalg, long_convolutions, long_sums, nan_propagation, rnn_cells, softmax_rows,
-               special, split_k, tensor_ops, trigonometry)
+from .rules import (amp, convolution_backward, convolution_products, double_evaluation, float_division, hyperbolic,
+                    interpolation_backward, linalg, long_convolutions, long_sums, nan_propagation, rnn_cells,
+                    softmax_rows, special, split_k, tensor_ops, trigonometry)
 
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 

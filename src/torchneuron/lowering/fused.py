@@ -12,6 +12,7 @@ destinations; the others (intermediates the program dropped) are never written.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -82,15 +83,8 @@ def _contiguous(shape, stride) -> bool:
     return True
 
 
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 def _view(buf, ref: ViewRef):
-    n = _numel(ref.shape)
+    n = math.prod(ref.shape)
     if _contiguous(ref.shape, ref.stride):
         if ref.offset == 0 and n == buf.shape[0]:
             return buf.view(ref.shape)
@@ -100,7 +94,7 @@ def _view(buf, ref: ViewRef):
 
 def _scatter(buf, ref: ViewRef, value):
     """buf with the view `ref` replaced by value (functionally)."""
-    n = _numel(ref.shape)
+    n = math.prod(ref.shape)
     flat = value.reshape(-1)
     if _contiguous(ref.shape, ref.stride):
         if ref.offset == 0 and n == buf.shape[0]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import threading
 import warnings
@@ -189,8 +190,8 @@ def _lower_call(op, info, sig: CallSignature, promote_scalars: bool) -> LoweredC
     what = describe(info, sig)
     out_specs, returns = call_results(op, info, sig)
     outputs = paths_to_outputs(returns)
-    if all(_numel(shape) == 0 for shape, _ in out_specs) and all(
-        _numel(sig.specs[i].shape) == 0 for i in sig.mutated
+    if all(math.prod(shape) == 0 for shape, _ in out_specs) and all(
+        math.prod(sig.specs[i].shape) == 0 for i in sig.mutated
     ):
         # Nothing to compute (every result is empty): no executable at all.
         return LoweredCall(None, tuple(out_specs), None, returns, what)
@@ -283,13 +284,6 @@ def _shapes_independent_of_scalars(op, sig, out_specs) -> bool:
     except Exception:  # noqa: BLE001 - values the op refuses: treat as dependent
         return False
     return [s for s, _ in other] == [s for s, _ in out_specs]
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def rebuild_all(sig, tensors, floats, ints, device):

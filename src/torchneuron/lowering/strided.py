@@ -12,14 +12,9 @@ the rest (overlapping views) gathers at positions computed from aranges.
 
 from __future__ import annotations
 
+import math
+
 import torch
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def layout_of(shape, stride, offset: int, length: int):
@@ -35,7 +30,7 @@ def layout_of(shape, stride, offset: int, length: int):
     buffer's start (a q/k/v split: a slice of each row) or else the view's
     own offset (a block that begins inside a row)."""
     moving = [d for d in range(len(shape)) if shape[d] != 1 and stride[d] != 0]
-    if _numel(shape) == 0 or any(stride[d] < 0 for d in moving):
+    if math.prod(shape) == 0 or any(stride[d] < 0 for d in moving):
         return None
     order = tuple(sorted(moving, key=lambda d: -stride[d]))
     if not order:
@@ -75,7 +70,7 @@ def strided_view(flat: torch.Tensor, shape, stride, offset: int) -> torch.Tensor
     if layout is None:
         return flat[strided_index(shape, stride, offset, flat.device)]
     origin, base, starts, inner, order = layout
-    v = flat.narrow(0, origin, _numel(base)).view(base)
+    v = flat.narrow(0, origin, math.prod(base)).view(base)
     for j, d in enumerate(order):
         if starts[j] or shape[d] != base[j]:
             v = v.narrow(j, starts[j], shape[d])

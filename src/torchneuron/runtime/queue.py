@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import math
 import threading
 import time
 from collections import deque
@@ -38,13 +39,6 @@ def queue_recorded(index, reason: str) -> None:
     """Queue work recorded for device `index` (None: every device) but not yet queued."""
     for hook in before_sync:
         hook(index, reason)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _init_types():
@@ -124,7 +118,7 @@ class Lane:
         view = self.views.get((address, shape, dtype))
         if view is not None:
             return view
-        if _numel(shape) == 0:
+        if math.prod(shape) == 0:
             host = _C.host_bytes(tensor, byte_offset, 0).numpy()
             buffer = self.device.allocator.import_host_allocation(host, _MEMORY_TYPE, _BUFFER_USAGE)
             return self._rt.HalBufferView(buffer, shape, _ELEMENT_TYPES[dtype])
@@ -137,7 +131,7 @@ class Lane:
         view = self.views.get(key)
         if view is not None:
             return view
-        nbytes = _numel(shape) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         host = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
         buffer = self.device.allocator.import_host_allocation(host, _MEMORY_TYPE, _BUFFER_USAGE)
         view = self._rt.HalBufferView(buffer, shape, _ELEMENT_TYPES[dtype])

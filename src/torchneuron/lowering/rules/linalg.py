@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .call import NotCompilable
+from ..call import NotCompilable
 
 aten = torch.ops.aten
 MAX_N = 32

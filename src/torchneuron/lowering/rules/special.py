@@ -16,7 +16,7 @@ import math
 import torch
 
 from . import special_tables as T
-from .call import NotCompilable
+from ..call import NotCompilable
 
 aten = torch.ops.aten
 _F32 = torch.float32
