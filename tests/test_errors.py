@@ -60,6 +60,25 @@ def test_spawned_child_can_use_device():
     p.join(timeout=60)
 
 
+def test_driver_with_memory_of_its_own_is_refused_at_once():
+    # IREE's runtime carries the vulkan driver: with a Vulkan driver on the system
+    # its first launch failed, after ops had run on the host path while compiling.
+    code = (
+        "import torch\n"
+        "assert not torch.neuron.is_available()\n"
+        "try:\n"
+        "    torch.ones(2, device='neuron')\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n"
+        "else:\n"
+        "    print('allocated')\n"
+    )
+    env = dict(__import__("os").environ, TORCHNEURON_DRIVER="vulkan")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "'vulkan'" in out.stdout and "memory of their own" in out.stdout and "local-task" in out.stdout, out.stdout
+
+
 def test_unavailable_driver_names_available_ones():
     code = (
         "import torch\n"

@@ -68,4 +68,7 @@ def test_cli_info_reports_devices():
     info = json.loads(out.stdout)
     assert info["available"] is True
     assert info["driver"] == "local-task" and "local-task" in info["available_drivers"]
+    assert info["memory_model"] == "unified"
+    assert info["drivers"]["local-task"]["memory"] == "unified" and info["drivers"]["local-task"]["devices"]
+    assert set(info["drivers"]) == set(info["available_drivers"])
     assert "bfloat16" in info["dtypes"]

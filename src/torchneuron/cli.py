@@ -20,7 +20,9 @@ def _info(args) -> int:
         "available": torch.neuron.is_available(),
         "device_count": torch.neuron.device_count(),
         "driver": torchneuron.config.settings.driver,
+        "memory_model": hal.memory_model(torchneuron.config.settings.driver),
         "available_drivers": list(hal.available_drivers()),
+        "drivers": hal.describe_drivers(),
         "dtypes": [str(d).replace("torch.", "") for d in torchneuron.supported_dtypes()],
         "target_cpu": _target_cpu_info(torchneuron.config.settings.target_cpu),
         "settings": torchneuron.config.as_dict(),
@@ -29,8 +31,12 @@ def _info(args) -> int:
         print(json.dumps(info, indent=2))
     else:
         cpu = info.pop("target_cpu")
+        drivers = info.pop("drivers")
         for key, value in info.items():
             print(f"{key:18s} {value}")
+        for driver, d in drivers.items():
+            found = f"devices: {', '.join(d['devices']) or 'none'}" if "devices" in d else f"no devices ({d['error']})"
+            print(f"{'driver ' + driver:18s} {d['memory']} memory; {found}")
         if "error" in cpu:
             print(f"{'target_cpu':18s} {cpu['described']}: {cpu['error']}")
         else:

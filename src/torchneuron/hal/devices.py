@@ -19,6 +19,20 @@ def available_drivers() -> tuple:
     return tuple(sorted(ireert.query_available_drivers()))
 
 
+# How each driver's devices hold memory. "unified": device memory is host
+# memory, which IREE imports with no copy (its CPU drivers); "discrete": the
+# device has memory of its own, reached only through transfers (a GPU, an
+# accelerator's HBM). The backend runs on unified memory only so far: on a
+# discrete device its first launch would fail to import host memory, after
+# ops had quietly run on the host path while executables compiled.
+MEMORY_MODELS = {"local-task": "unified", "local-sync": "unified"}
+UNIFIED_DRIVERS = tuple(d for d, model in MEMORY_MODELS.items() if model == "unified")
+
+
+def memory_model(driver: str) -> str:
+    return MEMORY_MODELS.get(driver, "discrete")
+
+
 def driver_problem(driver: str) -> str | None:
     """Why `driver` cannot back the neuron devices, or None if it can."""
     drivers = available_drivers()
@@ -27,7 +41,30 @@ def driver_problem(driver: str) -> str | None:
             f"neuron: the target driver {driver!r} (TORCHNEURON_DRIVER) is not available; "
             f"available drivers: {', '.join(drivers)}"
         )
+    if memory_model(driver) != "unified":
+        return (
+            f"neuron: the target driver {driver!r} (TORCHNEURON_DRIVER) gives its devices memory of their own, "
+            f"and torchneuron runs only where device memory is host memory so far (drivers "
+            f"{', '.join(UNIFIED_DRIVERS)}): its executables could not read the tensors. "
+            f"Use TORCHNEURON_DRIVER=local-task."
+        )
     return None
+
+
+def describe_drivers() -> dict:
+    """{driver: {"memory": model, "devices": [names] or "error": why}} for
+    every driver this IREE runtime carries (`torchneuron info`)."""
+    import iree.runtime as ireert
+
+    found = {}
+    for driver in available_drivers():
+        entry = {"memory": memory_model(driver)}
+        try:
+            entry["devices"] = [d.get("name", "?") for d in ireert.get_driver(driver).query_available_devices()]
+        except Exception as e:  # noqa: BLE001 - no hardware or no system driver behind it: say so
+            entry["error"] = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        found[driver] = entry
+    return found
 
 
 def hal_device(index: int):
