@@ -60,9 +60,8 @@ def test_spawned_child_can_use_device():
     p.join(timeout=60)
 
 
-def test_driver_with_memory_of_its_own_is_refused_at_once():
-    # IREE's runtime carries the vulkan driver: with a Vulkan driver on the system
-    # its first launch failed, after ops had run on the host path while compiling.
+def _first_tensor_on(driver: str) -> str:
+    """What a program on `driver` prints: the error of its first tensor."""
     code = (
         "import torch\n"
         "assert not torch.neuron.is_available()\n"
@@ -73,22 +72,19 @@ def test_driver_with_memory_of_its_own_is_refused_at_once():
         "else:\n"
         "    print('allocated')\n"
     )
-    env = dict(__import__("os").environ, TORCHNEURON_DRIVER="vulkan")
+    env = dict(__import__("os").environ, TORCHNEURON_DRIVER=driver)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "'vulkan'" in out.stdout and "memory of their own" in out.stdout and "local-task" in out.stdout, out.stdout
+    return out.stdout
+
+
+def test_driver_with_memory_of_its_own_is_refused_at_once():
+    # IREE's runtime carries the vulkan driver: with a Vulkan driver on the system
+    # its first launch failed, after ops had run on the host path while compiling.
+    said = _first_tensor_on("vulkan")
+    assert "'vulkan'" in said and "memory of their own" in said and "local-task" in said, said
 
 
 def test_unavailable_driver_names_available_ones():
-    code = (
-        "import torch\n"
-        "assert not torch.neuron.is_available()\n"
-        "try:\n"
-        "    torch.ones(2, device='neuron')\n"
-        "except RuntimeError as e:\n"
-        "    print(e)\n"
-    )
-    env = dict(__import__("os").environ, TORCHNEURON_DRIVER="no-such-driver")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "'no-such-driver'" in out.stdout and "local-task" in out.stdout
+    said = _first_tensor_on("no-such-driver")
+    assert "'no-such-driver'" in said and "local-task" in said, said
