@@ -3,7 +3,7 @@ base commit and on the working tree in turn, rounds alternating so that the
 machine's noise hits both alike, and every timed cell of the scripts' tables
 is compared (medians over the rounds, head / base).
 
-    python bench/compare_commits.py --base REV [--scripts op_latency train_step]
+    python bench/compare_commits.py --base REV [--scripts op_latency train_step "adaptive --repeats 3"]
                                     [--rounds 3] [--write docs/benchmarks.md]
 
 The base runs from a git worktree of REV with the working tree's built C++
@@ -18,6 +18,7 @@ import collections
 import glob
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -49,10 +50,12 @@ def base_tree(rev: str) -> str:
 
 
 def run(tree: str, script: str) -> str:
-    """The script's printed report, run with `tree`'s torchneuron first on the path."""
+    """The printed report of a script ("name [its options]"), run with
+    `tree`'s torchneuron first on the path."""
     env = dict(os.environ, PYTHONPATH=os.path.join(tree, "src"))
     env.pop("TORCHNEURON_CACHE_DIR", None)  # each run cold, in a cache of its own
-    done = subprocess.run([sys.executable, os.path.join(tree, "bench", f"{script}.py")], env=env, cwd=tree,
+    name, *options = shlex.split(script)
+    done = subprocess.run([sys.executable, os.path.join(tree, "bench", f"{name}.py"), *options], env=env, cwd=tree,
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"compare_commits: {script} failed in {tree}:\n{done.stderr[-3000:]}")
