@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("TORCHNEURON_CACHE_DIR", tempfile.mkdtemp(prefix="tn-bench-"))
-from report import command_line, machine, time_interleaved, write_section  # noqa: E402
+from report import command_line, machine, publish, time_interleaved  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -255,10 +255,7 @@ def main() -> None:
         f"| steady step (second half) | {c['cpu']['steady'] * 1e3:.1f} ms | {c['op']['steady'] * 1e3:.1f} ms | "
         f"{c['adaptive']['steady'] * 1e3:.1f} ms |",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write_section(args.write, "adaptive", text)
+    publish(lines, args.write, "adaptive")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import tempfile  # noqa: E402
 
 os.environ.setdefault("TORCHNEURON_CACHE_DIR", tempfile.mkdtemp(prefix="tn-bench-"))
-from report import command_line, machine, write_section  # noqa: E402
+from report import command_line, machine, publish  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -86,10 +86,7 @@ def main() -> None:
         f"neuron bfloat16 / neuron float32: {med['neuron bfloat16 autocast'] / med['neuron float32']:.2f}x; "
         f"neuron bfloat16 / CPU bfloat16: {med['neuron bfloat16 autocast'] / med['cpu bfloat16 autocast']:.2f}x.",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write_section(args.write, "autocast", text)
+    publish(lines, args.write, "autocast")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from report import command_line, write_section  # noqa: E402
+from report import command_line, publish  # noqa: E402
 
 _TIME = re.compile(r"^([0-9.]+) (µs|ms|s)$")
 _UNIT = {"µs": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -121,10 +121,7 @@ def main() -> None:
         if len(sides["base"]) == len(sides["head"]) == args.rounds:
             b, h = statistics.median(sides["base"]), statistics.median(sides["head"])
             lines.append(f"| {script} | {row} | {column} | {_fmt(b)} | {_fmt(h)} | {h / b:.2f}x |")
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write_section(args.write, "compare_commits", text)
+    publish(lines, args.write, "compare_commits")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from report import command_line, machine, write_section  # noqa: E402
+from report import command_line, machine, publish  # noqa: E402
 
 MODES = {"cpu": ("cpu", None), "inductor": ("cpu", "inductor"), "neuron": ("neuron", "neuron")}
 
@@ -125,10 +125,7 @@ def main() -> None:
         f"Executables compiled: cold {cold['neuron']['compiled']}, restarted process {restart['compiled']} "
         f"(goal: 0). Graphs: {json.dumps(cold['neuron']['graphs'])}.",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write_section(args.write, "compile", text)
+    publish(lines, args.write, "compile")
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--write")
     args = parser.parse_args()
-    from report import command_line, machine, write_section
+    from report import command_line, machine, publish
 
     os.environ["TORCHNEURON_DEVICE_COUNT"] = "2"
     reduce = _run(_all_reduce_worker, 2, args.rounds)
@@ -152,10 +152,7 @@ def main() -> None:
     for world in (1, 2):
         lines.append(f"| {world} | {step[world] * 1e3:.1f} ms | {8 * world / step[world]:.0f} | "
                      f"{step[world] / step[1]:.2f}x |")
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write_section(args.write, "distributed", text)
+    publish(lines, args.write, "distributed")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import tempfile  # noqa: E402
 
 os.environ.setdefault("TORCHNEURON_CACHE_DIR", tempfile.mkdtemp(prefix="tn-bench-"))
-from report import command_line, machine, time_interleaved, write_section  # noqa: E402
+from report import command_line, machine, publish, time_interleaved  # noqa: E402
 
 import torchneuron  # noqa: E402
 
@@ -91,10 +91,7 @@ def main() -> None:
     ]
     for name, t in parts.items():
         lines.append(f"| {name} | {_fmt(t)} | {t / cpu:.2f}x |")
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write_section(args.write, "op_latency", text)
+    publish(lines, args.write, "op_latency")
 
 
 def _tiny_op_parts(x, repeats: int) -> dict:

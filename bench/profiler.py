@@ -81,7 +81,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker[0], json.loads(args.worker[1]), args.steps, args.rounds)
-    from report import command_line, machine, write_section
+    from report import command_line, machine, publish
 
     modes = ("op", "adaptive")
     for mode in modes:
@@ -121,10 +121,7 @@ def main() -> None:
     for mode in modes:
         off, on = (statistics.median(loading[(mode, loaded)]) for loaded in (False, True))
         lines.append(f"| {mode} | {off * 1e3:.1f} ms | {on * 1e3:.1f} ms | {on / off:.2f}x |")
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write_section(args.write, "profiler", text)
+    publish(lines, args.write, "profiler")
 
 
 if __name__ == "__main__":

@@ -71,6 +71,15 @@ def write_section(path: str, name: str, body: str) -> None:
     p.write_text(text)
 
 
+def publish(lines: list, path: str | None, name: str) -> None:
+    """Print a benchmark's report and, where `path` is given (--write), put it
+    in the section `name` of that file."""
+    text = "\n".join(lines)
+    print(text)
+    if path:
+        write_section(path, name, text)
+
+
 def command_line() -> str:
     return "python " + " ".join(sys.argv)
 

@@ -17,7 +17,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("TORCHNEURON_CACHE_DIR", tempfile.mkdtemp(prefix="tn-bench-"))
-from report import command_line, machine, time_interleaved, write_section  # noqa: E402
+from report import command_line, machine, publish, time_interleaved  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -73,10 +73,7 @@ def main() -> None:
     ]
     for name, t in rows:
         lines.append(f"| {name} | {t['cpu'] * 1e3:.2f} ms | {t['neuron'] * 1e3:.2f} ms | {t['neuron'] / t['cpu']:.2f}x |")
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write_section(args.write, "softmax", text)
+    publish(lines, args.write, "softmax")
 
 
 if __name__ == "__main__":

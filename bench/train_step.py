@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import tempfile  # noqa: E402
 
 os.environ.setdefault("TORCHNEURON_CACHE_DIR", tempfile.mkdtemp(prefix="tn-bench-"))
-from report import command_line, machine, write_section  # noqa: E402
+from report import command_line, machine, publish  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -101,10 +101,7 @@ def main() -> None:
         f"(TORCHNEURON_COMPILE_WAIT={int(torchneuron.config.settings.compile_wait)}). The steady figures "
         f"come from the rounds after that.",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write_section(args.write, "train_step", text)
+    publish(lines, args.write, "train_step")
 
 
 if __name__ == "__main__":
