@@ -1,7 +1,7 @@
 // The kineto plugin that brings the device's work into torch.profiler.
 //
-// torch 2.13 offers no Python route for device events (DESIGN.md,
-// "Profiler"): a libkineto::IActivityProfiler registered with
+// torch 2.13 offers no Python route for device events (docs/architecture.md,
+// "Profiling"): a libkineto::IActivityProfiler registered with
 // REGISTER_PRIVATEUSE1_PROFILER is the only way. This file is that glue and
 // nothing more. The session forwards start/stop to the Python recorder
 // (torchneuron.profiler.recorder, installed with set_profiler_api) and, at

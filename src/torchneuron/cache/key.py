@@ -1,4 +1,4 @@
-"""Cache keys (see DESIGN.md, "Cache key").
+"""Cache keys (docs/architecture.md, "Compiling once: the cache layers").
 
 An executable's key is the SHA-256 of its components: the canonical MLIR text
 (by its hash), the compiler version, the target, every flag that changes code

@@ -64,7 +64,7 @@ def target_known(driver: str | None = None) -> bool:
 def cpu_flags(cpu) -> tuple:
     """The llvm-cpu flags for a resolved CPU (target_cpu.TargetCpu)."""
     flags = ["--iree-input-demote-f64-to-f32=false", *cpu.flags(), "--iree-opt-data-tiling=true"]
-    # Microkernels per CPU (DESIGN.md, "Whole graphs, and flags per CPU"): with
+    # Microkernels per CPU (measured when flags per CPU were chosen): with
     # AVX-512 they made a 1024x1024 fp32 matmul 2.3x faster (2 cores: 19.2 ms
     # without, 8.4 ms with; CPU eager 11.3 ms); on an AVX2-only CPU data
     # tiling without them was fastest. Other architectures are unmeasured and
