@@ -27,16 +27,14 @@ import torch
 from .. import _C, config, trace
 from ..cache.disk import disk_cache
 from ..cache.key import plan_id
-from ..runtime import generators as neuron_random
-from ..dispatch.cached_launch import MISS, call_key
-from ..dispatch import draws_ahead, host_fallback
+from ..dispatch import draws_ahead, host_fallback, shape_recording
 from ..dispatch import entry as _entry
+from ..dispatch.cached_launch import MISS, call_key
 from ..dispatch.stats import dispatched
-from ..dispatch import shape_recording
-from ..lowering import NotCompilable, signature_of
+from ..lowering import NotCompilable, index_checks, signature_of
 from ..lowering.call import FRef, IRef, Seq, TRef, baked_ops, graph_param_arg_names
-from ..lowering.graph import paths_to_outputs, call_results, describe
-from ..lowering import index_checks
+from ..lowering.graph import call_results, describe, paths_to_outputs
+from ..runtime import generators as neuron_random
 from ..runtime.errors import is_library_file, user_location
 from . import stats
 

@@ -216,27 +216,22 @@ class DiskCache:
 
     # -- small records of other layers (warm/, target/) ---------------------
 
-    def record_path(self, folder: str, name: str) -> str:
-        return os.path.join(self.root, folder, name + ".json")
-
     def read_record(self, folder: str, name: str) -> bytes | None:
         """A record's bytes; None where there is none (its reader checks it)."""
         if not self.enabled:
             return None
         try:
-            with open(self.record_path(folder, name), "rb") as f:
+            with open(os.path.join(self.root, folder, name + ".json"), "rb") as f:
                 return f.read()
         except OSError:
             return None
 
     def write_record(self, folder: str, name: str, data: bytes) -> None:
-        """Write a record whole (atomically); nothing where the cache is read-only."""
-        if not self.writable:
-            return
-        try:
-            self._write_atomic(self.record_path(folder, name), data)
-        except OSError as e:
-            self._read_only(e)
+        """Write a record whole (atomically). Records only save work, so a
+        failed write is dropped: it leaves the executables writable."""
+        if self.writable:
+            with contextlib.suppress(OSError):
+                self._write_atomic(os.path.join(self.root, folder, name + ".json"), data)
 
     # -- cross-process locks ---------------------------------------------
 
