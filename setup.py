@@ -16,6 +16,7 @@ setup(
             sources=[
                 "csrc/allocator.cpp",
                 "csrc/autocast.cpp",
+                "csrc/device_addresses.cpp",
                 "csrc/distributed.cpp",
                 "csrc/draws.cpp",
                 "csrc/guard.cpp",

@@ -50,6 +50,19 @@ std::string format_bytes(int64_t n) {
   return buf;
 }
 
+// Host memory on the unified model; an opaque device address on the discrete one.
+void* new_block(size_t rounded) {
+  return discrete_memory() ? reserve_device_address(rounded) : std::aligned_alloc(kAlignment, rounded);
+}
+
+void release_block(void* ptr) {
+  if (discrete_memory()) {
+    release_device_address(ptr);
+  } else {
+    std::free(ptr);
+  }
+}
+
 void free_allocation(void* ctx) {
   auto* a = static_cast<Allocation*>(ctx);
   bool cached = false;
@@ -69,7 +82,7 @@ void free_allocation(void* ctx) {
   if (a->guarded) {
     guarded_free(a->ptr);
   } else if (!cached) {
-    std::free(a->ptr);
+    release_block(a->ptr);
   }
   delete a;
 }
@@ -87,6 +100,7 @@ void* take_cached_block(c10::DeviceIndex device, size_t rounded) {
 struct NeuronAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
     check_usable();
+    note_allocation();
     const c10::DeviceIndex device = current_device();
     const c10::Device dev(c10::DeviceType::PrivateUse1, device);
     {
@@ -115,11 +129,11 @@ struct NeuronAllocator final : c10::Allocator {
         std::lock_guard<std::mutex> lock(stats_mutex);
         ptr = take_cached_block(device, rounded);
       }
-      if (ptr == nullptr) ptr = std::aligned_alloc(kAlignment, rounded);
+      if (ptr == nullptr) ptr = new_block(rounded);
     }
-    if (ptr == nullptr && !guarded) {  // the host is short: give back what is kept, then retry
+    if (ptr == nullptr && !guarded) {  // short of memory: give back what is kept, then retry
       empty_cache(device);
-      ptr = std::aligned_alloc(kAlignment, rounded);
+      ptr = new_block(rounded);
     }
     if (ptr == nullptr) {
       std::lock_guard<std::mutex> lock(stats_mutex);
@@ -139,7 +153,11 @@ struct NeuronAllocator final : c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
-    std::memcpy(dest, src, count);
+    if (discrete_memory()) {
+      copy_device_bytes(dest, src, count, current_device());
+    } else {
+      std::memcpy(dest, src, count);
+    }
   }
 };
 
@@ -173,7 +191,7 @@ void empty_cache(c10::DeviceIndex index) {
     free_blocks[index].clear();
     stats[index].cached = 0;
   }
-  for (void* ptr : released) std::free(ptr);
+  for (void* ptr : released) release_block(ptr);
 }
 
 void set_memory_limit(c10::DeviceIndex index, int64_t bytes) {

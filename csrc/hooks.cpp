@@ -88,7 +88,11 @@ struct NeuronHooks final : at::PrivateUse1HooksInterface {
       }
       set_current_device(previous);
       const size_t kept = std::min(newsize, old_size);
-      if (kept > 0) std::memcpy(fresh.get(), impl->data_ptr().get(), kept);
+      if (kept > 0 && discrete_memory()) {
+        copy_device_bytes(fresh.get(), impl->data_ptr().get(), kept, device.index());
+      } else if (kept > 0) {
+        std::memcpy(fresh.get(), impl->data_ptr().get(), kept);
+      }
     }
     impl->set_data_ptr_noswap(std::move(fresh));
     impl->set_nbytes(newsize);

@@ -102,6 +102,8 @@ bool memory_guards_enabled() {
 }
 
 void enable_memory_guards(bool on) {
+  TORCH_CHECK(!on || !discrete_memory(),
+              "neuron: guarded memory (TORCHNEURON_CHECK_MEMORY) needs the unified memory model");
   std::lock_guard<std::mutex> lock(mutex);
   enabled = on;
 }

@@ -53,11 +53,20 @@ void release_storage_ref(void* ctx) { delete static_cast<StorageRef*>(ctx); }
 
 }  // namespace
 
+// On the discrete model the host cannot address device memory: a path that
+// tries is a bug, refused here with the tensor named rather than faulting.
+void check_host_addressable(const at::Tensor& t) {
+  TORCH_CHECK(!discrete_memory(), "neuron: the host cannot read or write neuron:", static_cast<int>(t.device().index()),
+              "'s memory in place (the discrete memory model): a ", t.scalar_type(), t.sizes(),
+              " tensor reached a host path that has no transfer");
+}
+
 // A CPU tensor over the same memory as a neuron tensor (same size, strides and
 // offset). It keeps the neuron storage alive. This is the zero-copy host view
 // that the host fallback computes on and that IREE imports through DLPack.
 at::Tensor host_alias(const at::Tensor& t) {
   TORCH_CHECK(t.device().is_privateuseone(), "host_alias expects a neuron tensor, got ", t.device());
+  check_host_addressable(t);
   const auto& storage = t.storage();
   c10::DataPtr data(storage.mutable_data(), new StorageRef{storage}, &release_storage_ref,
                     c10::Device(c10::DeviceType::CPU));
@@ -74,6 +83,7 @@ namespace {
 // `byte_offset` bytes in; it keeps the storage alive. IREE imports it (through
 // the buffer protocol) as a device buffer with no copy.
 at::Tensor host_bytes(const at::Tensor& t, int64_t byte_offset, int64_t nbytes) {
+  check_host_addressable(t);
   const auto& storage = t.storage();
   TORCH_CHECK(byte_offset >= 0 && nbytes >= 0 &&
               byte_offset + nbytes <= static_cast<int64_t>(storage.nbytes()),
@@ -182,6 +192,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return as_tuples(check_memory_guards_at(addresses));
   });
   m.def("host_alias", &host_alias);
+  m.def("set_discrete_memory", &set_discrete_memory);
+  m.def("discrete_memory", &discrete_memory);
+  m.def("device_block_of", [](uintptr_t address) { return device_block_of(address); });
+  m.def("take_released_blocks", &take_released_blocks);
+  m.def("set_device_copy_callback", [](pybind11::object fn) {
+    auto* held = new pybind11::object(fn);  // for the life of the process, as the synchronize callback
+    set_device_copy_callback([held](uintptr_t dst, uintptr_t src, size_t n, c10::DeviceIndex i) {
+      pybind11::gil_scoped_acquire gil;
+      (*held)(dst, src, n, static_cast<int>(i));
+    });
+  });
   m.def("premul_sum", &premul_sum);
   m.def("register_collective_kernels", &register_collective_kernels);
   m.def("device_copy_of", &device_copy_of);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torchneuron {
@@ -61,6 +62,18 @@ void* guarded_allocate(size_t nbytes, c10::DeviceIndex device);  // nullptr when
 bool guarded_free(void* ptr);  // false: not a guarded allocation
 std::vector<GuardViolation> check_memory_guards(bool thorough);
 std::vector<GuardViolation> check_memory_guards_at(const std::vector<uintptr_t>& addresses);
+
+// The discrete memory model (device_addresses.cpp): storages get opaque
+// device addresses, and the Python runtime keeps the device buffer behind each.
+bool discrete_memory();
+void set_discrete_memory(bool on);  // before the first allocation only
+void note_allocation();
+void* reserve_device_address(size_t nbytes);  // nullptr when the space is spent
+void release_device_address(void* ptr);
+std::pair<uintptr_t, size_t> device_block_of(uintptr_t address);  // (0, 0): none
+std::vector<std::pair<uintptr_t, size_t>> take_released_blocks();
+void set_device_copy_callback(std::function<void(uintptr_t, uintptr_t, size_t, c10::DeviceIndex)> fn);
+void copy_device_bytes(void* dst, const void* src, size_t nbytes, c10::DeviceIndex device);
 
 // A CPU tensor over a neuron tensor's memory (same sizes, strides, offset);
 // it keeps the neuron storage alive (module.cpp).

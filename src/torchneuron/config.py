@@ -54,6 +54,9 @@ def _default_compile_memory_mb() -> int:
     return max(2048, total // 4)
 
 
+MEMORY_MODELS = ("auto", "unified", "discrete")
+
+
 def _default_cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "torchneuron")
@@ -65,6 +68,11 @@ class Settings:
     device_count: int = field(default_factory=lambda: _env_int("TORCHNEURON_DEVICE_COUNT", 1))
     # IREE HAL driver that backs the devices ("local-task": multithreaded CPU).
     driver: str = field(default_factory=lambda: os.environ.get("TORCHNEURON_DRIVER", "local-task"))
+    # Where storages live: "auto" (the driver's own model), "unified" (host
+    # memory IREE imports with no copy: its CPU drivers) or "discrete" (device
+    # buffers reached only through transfers: a GPU's or accelerator's memory;
+    # forced on the CPU driver, it tests that path at CPU speed).
+    memory: str = field(default_factory=lambda: _env_choice("TORCHNEURON_MEMORY", "auto", MEMORY_MODELS))
     # What happens when an op runs on the host fallback: allow (record only),
     # warn (record and warn once per op), error (raise).
     fallback: str = field(
@@ -185,6 +193,8 @@ def set(**changes) -> None:  # noqa: A001 - the natural name for a settings API
     for name, value in changes.items():
         if name not in names:
             raise AttributeError(f"unknown torchneuron setting {name!r}; known: {', '.join(sorted(names))}")
+        if name == "memory" and value not in MEMORY_MODELS:
+            raise ValueError(f"memory must be one of {', '.join(MEMORY_MODELS)}, got {value!r}")
         if name == "fallback" and value not in FALLBACK_POLICIES:
             raise ValueError(f"fallback must be one of {', '.join(FALLBACK_POLICIES)}, got {value!r}")
         if name == "eager_mode" and value not in EAGER_MODES:

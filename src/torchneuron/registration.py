@@ -24,6 +24,7 @@ from .dispatch import eager, entry, shape_recording
 from .hal import devices as hal
 from .memory.dtypes import SUPPORTED_DTYPES
 from .runtime import streams  # noqa: F401 - installs the guard's stream and event calls
+from .runtime import transfers
 
 _registered = False
 
@@ -47,9 +48,10 @@ def _apply_setting(name, value) -> None:
             _C.set_memory_limit(i, int(value) * 1024 * 1024)
     elif name == "check_memory":
         _C.enable_memory_guards(bool(value))
-    elif name == "driver":
+    elif name in ("driver", "memory"):
         hal.available_drivers.cache_clear()
-        _C.mark_unusable(hal.driver_problem(value) or "")
+        _C.mark_unusable(hal.driver_problem(config.settings.driver) or hal.memory_problem() or "")
+        _C.set_discrete_memory(hal.memory_model_in_use() == "discrete")
 
 
 def _shutdown() -> None:
@@ -77,6 +79,7 @@ def register() -> None:
     atexit.register(_shutdown)
     shape_recording.start_from_environment()  # TORCHNEURON_RECORD_SHAPES
     os.register_at_fork(after_in_child=_after_fork_in_child)
+    _C.set_device_copy_callback(transfers.copy_addresses)
     for name in ("memory_limit_mb", "driver", "check_memory"):
         _apply_setting(name, getattr(config.settings, name))
     config.on_change(_apply_setting)

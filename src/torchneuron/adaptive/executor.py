@@ -39,7 +39,7 @@ from ..lowering.call import numbers_as_tensors, rebuild
 from ..lowering.fused import GraphOp, GraphSpec, SlotSpec, ViewRef, segment_of
 from ..lowering.worker import lower_graph_elsewhere
 from ..lowering.graph import value_at
-from ..runtime import LoadedExecutable, device_queue
+from ..runtime import LoadedExecutable, device_queue, transfers
 from ..runtime.errors import NeuronAsyncError
 from . import recorder, stats
 
@@ -478,8 +478,8 @@ def _run_one(r, rec, args, kwargs, outs, device, allow_compile) -> None:
     queue.synchronize()  # device work before this op must have landed
     host_threads.confine()
     aliases: dict = {}
-    host_args = host_fallback.to_host(args, aliases)
-    host_kwargs = {k: host_fallback.to_host(v, aliases) for k, v in kwargs.items()}
+    host_args, host_kwargs = host_fallback.to_host_all(args, kwargs, aliases)
+    storages = {key: entry[0].untyped_storage().data_ptr() for key, entry in aliases.items()}
     host_args, host_kwargs = numbers_as_tensors(r.op, host_args, host_kwargs)
     watching = trace.sink
     started = time.time_ns() if watching is not None else 0
@@ -490,8 +490,9 @@ def _run_one(r, rec, args, kwargs, outs, device, allow_compile) -> None:
     if watching is not None:
         watching.host("host op", r.info.name, started, time.time_ns(), source=rec.source(),
                       reason="its graph's executable is still compiling")
+    host_fallback.sync_mutated(r.info, args, kwargs, host_args, host_kwargs, aliases, storages)
     for j, path in r.outputs:
-        _C.host_alias(outs[j]).copy_(value_at(result, path))
+        transfers.write_into(outs[j], value_at(result, path))
 
 
 def wait_for_builds(timeout: float | None = None) -> bool:

@@ -35,6 +35,7 @@ from ..lowering import NotCompilable, index_checks, signature_of
 from ..lowering.call import FRef, IRef, Seq, TRef, baked_ops, graph_param_arg_names
 from ..lowering.graph import call_results, describe, paths_to_outputs
 from ..runtime import generators as neuron_random
+from ..runtime import transfers
 from ..runtime.errors import is_library_file, user_location
 from . import stats
 
@@ -524,7 +525,7 @@ def record_random(op, info, args, kwargs, device):
         # draw runs on the host (native_dropout of zeros also multiplied:
         # 634 against 380 us for 8x32x256 floats), most often drawn ahead.
         drawn = draws_ahead.dropout_mask(x.shape, x.dtype, 1.0 - p, neuron_random.default_generator(device.index))
-        mask = _C.device_copy_of(drawn, device.index)  # native_dropout's mask is bool
+        mask = transfers.device_copy_of(drawn, device.index)  # native_dropout's mask is bool
         out = _MUL(x, mask)
         _MUL_(out, 1.0 / (1.0 - p))
         return out, mask
@@ -539,5 +540,5 @@ def record_random(op, info, args, kwargs, device):
     # An in-place fill (uniform_, normal_, bernoulli_ with a float p...): it reads nothing.
     draw = torch.empty(target.shape, dtype=target.dtype)
     host_fallback.run_seeded(op, (draw,) + tuple(args[1:]), dict(kwargs), device)
-    _COPY(target, _C.device_copy_of(draw, device.index))
+    _COPY(target, transfers.device_copy_of(draw, device.index))
     return target

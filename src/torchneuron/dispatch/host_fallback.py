@@ -1,11 +1,13 @@
-"""Host fallback: run an op with PyTorch's CPU kernels on zero-copy host
-aliases of the device memory.
+"""Host fallback: run an op with PyTorch's CPU kernels on host views of the
+device memory.
 
-On the CPU target device memory is host memory, so a neuron tensor's CPU alias
-(`_C.host_alias`) has the same storage, sizes, strides and offset. In-place and
-`out=` ops therefore write straight into device memory; new results are copied
-into fresh device storage; results that alias an input become neuron views of
-that input.
+On the unified memory model (IREE's CPU drivers) device memory is host
+memory, so a neuron tensor's CPU alias (`_C.host_alias`) has the same
+storage, sizes, strides and offset, and in-place and `out=` ops write straight
+into device memory. On the discrete model the bytes the arguments cover are
+copied to the host once per storage (runtime/transfers.py), and what the op
+writes is copied back. Either way new results are copied into fresh device
+storage, and results that alias an input become neuron views of that input.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 
 from .. import _C, config
 from ..runtime import generators as neuron_random
+from ..runtime import transfers
 from ..lowering.call import numbers_as_tensors
 from . import host_threads, stats
 
@@ -48,16 +51,43 @@ def admit(name: str, reason: str, stacklevel: int = 4) -> None:
     stats.record(stats.host_fallback, name)
 
 
-def to_host(value, aliases: dict):
-    """Neuron tensors (also inside lists) -> CPU aliases; neuron devices -> cpu."""
+def _neuron_tensors(value, found: list) -> list:
     if isinstance(value, torch.Tensor):
         if value.device.type == _NEURON:
-            alias = _C.host_alias(value)
-            aliases[id(alias)] = (alias, value)
+            found.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _neuron_tensors(v, found)
+    return found
+
+
+def to_host_all(args, kwargs: dict, aliases: dict) -> tuple:
+    """(host args, host kwargs): neuron tensors (also inside lists) -> host
+    views, neuron devices -> cpu. `aliases` maps id(host view) to (host view,
+    neuron tensor, storage byte its host storage starts at)."""
+    staged = None
+    if transfers.discrete():
+        found = _neuron_tensors(kwargs.values() if kwargs else (), _neuron_tensors(args, []))
+        staged = transfers.stage(found)
+    host_args = to_host(args, aliases, staged)
+    host_kwargs = {k: to_host(v, aliases, staged) for k, v in kwargs.items()} if kwargs else {}
+    return host_args, host_kwargs
+
+
+def to_host(value, aliases: dict, staged: dict | None = None):
+    """Neuron tensors (also inside lists) -> host views; neuron devices -> cpu.
+    `staged`: the host copies of the discrete model (transfers.stage)."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type == _NEURON:
+            if staged is None:
+                alias, start = _C.host_alias(value), 0
+            else:
+                alias, start = staged[id(value)]
+            aliases[id(alias)] = (alias, value, start)
             return alias
         return value
     if isinstance(value, (list, tuple)):
-        return type(value)(to_host(v, aliases) for v in value)
+        return type(value)(to_host(v, aliases, staged) for v in value)
     if isinstance(value, torch.device) and value.type == _NEURON:
         return torch.device("cpu")
     return value
@@ -68,10 +98,10 @@ def _view_of_input(host: torch.Tensor, bases: list):
     if host.numel() == 0:
         return None
     ptr = host.untyped_storage().data_ptr()
-    for alias, neuron in bases:
+    for alias, neuron, start in bases:
         if alias.untyped_storage().data_ptr() == ptr and alias.dtype == host.dtype:
             return torch.ops.aten.as_strided.default(
-                neuron, host.shape, host.stride(), host.storage_offset()
+                neuron, host.shape, host.stride(), host.storage_offset() + start // host.element_size()
             )
     return None
 
@@ -82,31 +112,33 @@ def _to_device(value, aliases: dict, bases: list, device: torch.device):
         if original is not None and original[0] is value:
             return original[1]  # in-place / out=: the op returned its argument
         view = _view_of_input(value, bases)
-        return view if view is not None else _C.device_copy_of(value, device.index)
+        return view if view is not None else transfers.device_copy_of(value, device.index)
     if isinstance(value, (list, tuple)):
         return type(value)(_to_device(v, aliases, bases, device) for v in value)
     return value
 
 
-def _write_back_metadata(neuron: torch.Tensor, alias: torch.Tensor) -> None:
-    """An out= argument the CPU kernel resized: give the neuron tensor the new shape."""
-    if alias.untyped_storage().data_ptr() != neuron.untyped_storage().data_ptr():
-        # The kernel needed more memory than the argument had: the CPU alias
+def _write_back(neuron: torch.Tensor, alias: torch.Tensor, storage: int, start: int) -> None:
+    """A written argument: its bytes back to the device (discrete model), and
+    the new shape an out= argument the CPU kernel resized was given.
+    `storage`: the host storage's address before the op ran."""
+    if alias.untyped_storage().data_ptr() != storage:
+        # The kernel needed more memory than the argument had: the host view
         # got a new host buffer. Move its contents into new device storage.
-        fresh = _C.device_copy_of(alias, neuron.device.index)
+        fresh = transfers.device_copy_of(alias, neuron.device.index)
         torch.ops.aten.set_.source_Tensor(neuron, fresh)
-    elif (
-        alias.shape != neuron.shape
-        or alias.stride() != neuron.stride()
-        or alias.storage_offset() != neuron.storage_offset()
-    ):
+        return
+    offset = alias.storage_offset() + start // alias.element_size()
+    if alias.shape != neuron.shape or alias.stride() != neuron.stride() or offset != neuron.storage_offset():
         torch.ops.aten.set_.source_Storage_storage_offset(
-            neuron, neuron.untyped_storage(), alias.storage_offset(), alias.shape, alias.stride()
+            neuron, neuron.untyped_storage(), offset, alias.shape, alias.stride()
         )
+    if transfers.discrete():
+        transfers.write_back(neuron, alias, start)
 
 
 def _copy_from(src_host: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False):
-    _C.host_alias(dst).copy_(src_host)
+    transfers.write_into(dst, src_host)
     return dst
 
 
@@ -145,7 +177,7 @@ def run(op, info, args, kwargs, device: torch.device):
     name = info.name
     if name == "aten._copy_from.default" or name == "aten._copy_from_and_resize.default":
         src, dst = args[0], args[1]
-        src_host = _C.host_alias(src) if src.device.type == _NEURON else src
+        src_host = transfers.to_host(src) if src.device.type == _NEURON else src
         if name == "aten._copy_from_and_resize.default" and dst.shape != src.shape:
             dst.resize_(src.shape)
         if dst.device.type == _NEURON:
@@ -153,34 +185,35 @@ def run(op, info, args, kwargs, device: torch.device):
         dst.copy_(src_host)
         return dst
 
-    host_kwargs = {k: to_host(v, aliases) for k, v in kwargs.items()} if kwargs else {}
-    host_args, host_kwargs = numbers_as_tensors(op, to_host(args, aliases), host_kwargs)
+    host_args, host_kwargs = to_host_all(args, kwargs, aliases)
+    host_args, host_kwargs = numbers_as_tensors(op, host_args, host_kwargs)
     bases = list(aliases.values())
+    storages = {key: entry[0].untyped_storage().data_ptr() for key, entry in aliases.items()}
 
     if info.seeded:
         result = run_seeded(op, host_args, host_kwargs, device)
     else:
         result = op(*as_cpu_expects(name, host_args), **host_kwargs)
 
-    for mutated in info.mutated_args:
-        _sync_mutated(mutated, info, args, kwargs, host_args, host_kwargs)
+    sync_mutated(info, args, kwargs, host_args, host_kwargs, aliases, storages)
     return _to_device(result, aliases, bases, device)
 
 
-def _sync_mutated(arg_name, info, args, kwargs, host_args, host_kwargs):
-    if arg_name in kwargs:
-        neuron, alias = kwargs[arg_name], host_kwargs[arg_name]
-    else:
-        index = info.arg_names.index(arg_name)
-        if index >= len(args):
-            return
-        neuron, alias = args[index], host_args[index]
-    if isinstance(neuron, torch.Tensor) and neuron.device.type == _NEURON:
-        _write_back_metadata(neuron, alias)
-    elif isinstance(neuron, (list, tuple)):
-        for n, a in zip(neuron, alias):
-            if isinstance(n, torch.Tensor) and n.device.type == _NEURON:
-                _write_back_metadata(n, a)
+def sync_mutated(info, args, kwargs, host_args, host_kwargs, aliases: dict, storages: dict) -> None:
+    """After a host op: what it wrote into its arguments reaches the device
+    (`storages`: each host view's storage address before the op)."""
+    for arg_name in info.mutated_args:
+        if arg_name in kwargs:
+            neuron, alias = kwargs[arg_name], host_kwargs[arg_name]
+        else:
+            index = info.arg_names.index(arg_name)
+            if index >= len(args):
+                continue
+            neuron, alias = args[index], host_args[index]
+        pairs = zip(neuron, alias) if isinstance(neuron, (list, tuple)) else ((neuron, alias),)
+        for n, a in pairs:
+            if isinstance(n, torch.Tensor) and n.device.type == _NEURON and id(a) in aliases:
+                _write_back(n, a, storages[id(a)], aliases[id(a)][2])
 
 
 def run_seeded(op, host_args, host_kwargs, device):

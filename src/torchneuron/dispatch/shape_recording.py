@@ -54,10 +54,10 @@ def _value_range(t: torch.Tensor) -> list:
     """[min, max] of an integer or bool tensor: generated inputs stay valid
     indices. Reads the values through a host alias (no neuron op)."""
     if t.device.type == "neuron":
-        from .. import _C
+        from ..runtime import transfers
 
         torch.neuron.synchronize(t.device.index)
-        t = _C.host_alias(t)
+        t = transfers.to_host(t)
     if t.dtype == torch.bool:
         return [int(t.all()), int(t.any())]
     return [int(t.min()), int(t.max())]

@@ -33,6 +33,24 @@ def memory_model(driver: str) -> str:
     return MEMORY_MODELS.get(driver, "discrete")
 
 
+def memory_model_in_use() -> str:
+    """The memory model of the neuron devices: the driver's own, or the one
+    TORCHNEURON_MEMORY forces (discrete on a CPU driver tests that path)."""
+    forced = config.settings.memory
+    return memory_model(config.settings.driver) if forced == "auto" else forced
+
+
+def memory_problem() -> str | None:
+    """Why the configured memory model cannot be used, or None."""
+    driver = config.settings.driver
+    if config.settings.memory == "unified" and memory_model(driver) != "unified":
+        return (
+            f"neuron: TORCHNEURON_MEMORY=unified needs a driver whose devices use host memory "
+            f"({', '.join(UNIFIED_DRIVERS)}); {driver!r} gives its devices memory of their own"
+        )
+    return None
+
+
 def driver_problem(driver: str) -> str | None:
     """Why `driver` cannot back the neuron devices, or None if it can."""
     drivers = available_drivers()

@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import _C, config, trace
 from ..hal.devices import hal_device, inline_device
+from ..memory.device_memory import device_memory
 from . import memory_guards
 from .errors import NeuronAsyncError, user_source_line
 
@@ -103,6 +104,9 @@ class Lane:
         self.timeline = self  # an inline lane: its stream's task lane, which it runs after
         self.launches = 0
         self._no_results = ireert.VmVariantList(0)
+        # The device's buffers on the discrete memory model (None: unified,
+        # where storages are host memory imported in place).
+        self.memory = None if base is None else base.memory
 
     def import_memory(self, tensor, byte_offset: int, shape, dtype):
         """A buffer view over `shape` elements of a tensor's storage from
@@ -115,6 +119,8 @@ class Lane:
         it alive); it is used only while a live tensor owns that memory, as
         the launch that uses it keeps the tensor alive."""
         address = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size() + byte_offset
+        if self.memory is not None:
+            return self.memory.view_at(address, shape, dtype)
         view = self.views.get((address, shape, dtype))
         if view is not None:
             return view
@@ -127,6 +133,8 @@ class Lane:
     def import_at(self, address: int, shape, dtype):
         """A buffer view over `shape` elements of device memory at `address`
         (64-byte aligned, not empty), without a copy; cached as import_memory's."""
+        if self.memory is not None:
+            return self.memory.view_at(address, shape, dtype)
         key = (address, shape, dtype)
         view = self.views.get(key)
         if view is not None:
@@ -144,7 +152,13 @@ class Lane:
         """(tensor, view) of a launch's runtime numbers, in device memory:
         the caching allocator hands a loop the same few blocks again, so their
         views are imported once (a host tensor lands at a new address almost
-        every launch: an import of about 40 us each)."""
+        every launch: an import of about 40 us each). On the discrete model
+        the numbers are a small host buffer the device reads, as a GPU reads
+        a kernel's arguments."""
+        if self.memory is not None:
+            view = self.memory.staging_with(np.asarray(values, dtype=np.float64 if dtype.is_floating_point else np.int64))
+            view = self._rt.HalBufferView(view, (len(values),), _ELEMENT_TYPES[dtype])
+            return view, view
         packed = _C.empty((len(values),), dtype, index)
         _C.host_alias(packed).numpy()[:] = values
         return packed, self.import_memory(packed, 0, (len(values),), dtype)
@@ -220,10 +234,24 @@ class Lane:
         while pending and pending[0][0] <= value:
             entry = pending.popleft()
             flag = entry[4]
-            if flag is not None and bad is None and _C.host_alias(flag).any():
+            if flag is not None and bad is None and self.flag_set(flag):
                 bad = entry
         self.completed = max(self.completed, value)
         return bad
+
+    def flag_set(self, flag) -> bool:
+        """Whether a finished launch set its index flag."""
+        if self.memory is None:
+            return bool(_C.host_alias(flag).any())
+        return bool(self.memory.read_now(flag.data_ptr(), flag.numel()).any())
+
+    def host_flag(self, flag):
+        """A finished launch's flag tensor, on the host."""
+        if self.memory is None:
+            return _C.host_alias(flag)
+        import torch
+
+        return torch.from_numpy(self.memory.read_now(flag.data_ptr(), flag.numel())).view(flag.dtype)
 
     def _raise_failure(self, error: Exception, index: int) -> None:
         reached = self.reached()
@@ -267,7 +295,10 @@ class DeviceQueue:
             _init_types()
         self.index = index
         self.task = Lane(hal_device(index), inline=False)  # the default stream's timeline
-        inline = inline_device(index) if config.settings.inline_elements > 0 else None
+        self.memory = device_memory(index, _vm_instance(), _ELEMENT_TYPES) if _C.discrete_memory() else None
+        self.task.memory = self.memory
+        # Inline lanes are another HAL device: its executables could not bind this one's buffers.
+        inline = inline_device(index) if config.settings.inline_elements > 0 and self.memory is None else None
         self.inline = Lane(inline, inline=True) if inline is not None else None
         if self.inline is not None:
             self.inline.timeline = self.task
@@ -335,7 +366,7 @@ class DeviceQueue:
                 else:
                     lane.run_inline(context, fn, views, what, source)
                 self.launches += 1
-                if flag is not None and _C.host_alias(flag).any():
+                if flag is not None and lane.flag_set(flag):
                     self._note((lane.value, keepalive, what, source or user_source_line(), flag, next(_issued)))
                 if config.settings.launch_blocking:
                     self.synchronize()
@@ -384,7 +415,7 @@ class DeviceQueue:
                 lane.run_inline(context, fn, views, what, source)
                 if watching is not None:
                     watching.ran(self.index, lane.stream, what, started, time.time_ns())
-                if flag is not None and _C.host_alias(flag).any():
+                if flag is not None and lane.flag_set(flag):
                     self._note((lane.value, keepalive, what, source, flag, next(_issued)))
             else:
                 try:
@@ -453,7 +484,7 @@ class DeviceQueue:
         if bad is not None:
             _, _, what, source, flag, _ = bad
             if hasattr(what, "culprit"):  # a fused graph: name the op whose flag is set
-                what, source = what.culprit(_C.host_alias(flag))
+                what, source = what.culprit(self.task.host_flag(flag))
             raise NeuronAsyncError(
                 f"neuron: {what} (issued at {source}) used an index out of range "
                 "(device-side check; the indices were clamped and its results are invalid)"
@@ -461,6 +492,29 @@ class DeviceQueue:
 
     def pending(self) -> int:
         return sum(len(lane.pending) for lane in (self.task, *self.side))
+
+    def submit(self, commands, keepalive, what: str) -> int:
+        """Queue a command buffer (a transfer) on the default stream's
+        timeline, after the launches queued before it; returns its timeline value."""
+        rt = self.task._rt
+        lane = self.task
+        with self._lock:
+            after = rt.HalFence.create_at(lane.semaphore, lane.value)
+            lane.value += 1
+            lane.pending.append((lane.value, keepalive, what, user_source_line(), None, next(_issued)))
+            try:
+                lane.device.queue_execute(commands, after, rt.HalFence.create_at(lane.semaphore, lane.value))
+            except Exception as e:
+                lane.pending.pop()
+                lane.value -= 1
+                raise NeuronAsyncError(f"neuron: {what} on neuron:{self.index} failed: {e}") from e
+            return lane.value
+
+    def submit_and_wait(self, commands, what: str) -> None:
+        """Queue a command buffer on the default timeline and wait for it."""
+        value = self.submit(commands, [], what)
+        with self._lock:
+            self._note(self.task.wait(value, self.index))
 
 
 def device_queue(index: int) -> DeviceQueue:
