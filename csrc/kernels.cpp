@@ -4,6 +4,7 @@
 #include "neuron.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/as_strided_cpu_dispatch.h>
 #include <ATen/ops/set_cpu_dispatch.h>
@@ -108,6 +109,15 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
   // Growing copies the old contents on the host: queued device work that
   // writes them must finish first.
   run_synchronize_callback(self.device().index());
+  if (discrete_memory()) {
+    // The CPU resize would memcpy device addresses: grow the storage first
+    // through the hooks, which copy on the device.
+    const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+    const size_t needed = at::detail::computeStorageNbytesContiguous(sizes, self.dtype().itemsize(),
+                                                                     self.storage_offset());
+    const auto& storage = self.storage();
+    if (needed > storage.nbytes()) at::detail::getPrivateUse1Hooks().resizePrivateUse1Bytes(storage, needed);
+  }
   return at::native::resize_(self, C10_AS_INTARRAYREF_SLOW(size), memory_format);
 }
 

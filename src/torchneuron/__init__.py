@@ -83,6 +83,23 @@ def execution_stats() -> dict:
     return _stats.snapshot()
 
 
+def transfer_stats() -> dict:
+    """Bytes and copies between host and device memory, and within a device,
+    since start or reset_transfer_stats(): host_to_device, device_to_host,
+    device_to_device and their *_copies, and the memory_model in use. Only
+    the discrete model transfers: on the unified one (IREE's CPU drivers)
+    device memory is host memory, and every count stays 0."""
+    from .runtime.transfers import transfer_stats as stats
+
+    return stats()
+
+
+def reset_transfer_stats() -> None:
+    from .runtime.transfers import reset_transfer_stats as reset
+
+    reset()
+
+
 def compile_stats() -> dict:
     """The compile path: the in-memory executable cache (hits, misses, compiles
     here, compile seconds, bytes), where executables came from (`sources`:

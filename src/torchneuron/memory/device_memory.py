@@ -13,6 +13,7 @@ transfers (runtime/transfers.py).
 
 from __future__ import annotations
 
+import ctypes
 import math
 import threading
 from collections import Counter
@@ -113,6 +114,14 @@ class DeviceMemory:
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes == 0:
             return self._empty_view(shape, dtype)
+        start, length = _C.device_block_of(address)
+        if length == 0:
+            # Host memory: a CPU tensor an op takes beside neuron ones (a CPU
+            # index, a 0-d scalar). The launch keeps it alive; the device
+            # reads a copy of its bytes.
+            host = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+            count("host_to_device", nbytes)
+            return self._rt.HalBufferView(self.staging_with(host), shape, self.element_types[dtype])
         block, offset = self.block(address)
         key = (offset, shape, dtype)
         view = block.views.get(key)
