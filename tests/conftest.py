@@ -45,6 +45,10 @@ def pytest_configure(config):
         "markers", "compile_wait: tests of what one call does once compiled (or declined by the compiler); "
         "they wait for compiles in either eager mode"
     )
+    config.addinivalue_line(
+        "markers", "unified_memory: tests of the unified model's zero-copy host aliases of device memory; "
+        "not run when the suite runs under the discrete model (TORCHNEURON_MEMORY=discrete), which has none"
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -52,6 +56,8 @@ def _fresh_settings(request):
     """Each test starts with the default fallback policy and no memory limit,
     in the suite's eager mode (TORCHNEURON_EAGER_MODE), or op mode for tests
     marked op_mode; in op mode, compiles are waited for."""
+    if request.node.get_closest_marker("unified_memory") is not None and torchneuron._C.discrete_memory():
+        pytest.skip("zero-copy host aliases exist on the unified memory model only")
     saved = torchneuron.config.as_dict()
     saved_env = {k: os.environ.get(k) for k in ("TORCHNEURON_EAGER_MODE", "TORCHNEURON_COMPILE_WAIT")}
     if request.node.get_closest_marker("op_mode") is not None:

@@ -62,6 +62,7 @@ def test_out_of_memory_names_sizes_and_loses_nothing():
     assert big.numel() == 512 * 1024
 
 
+@pytest.mark.unified_memory
 def test_hal_buffer_view_aliases_storage():
     x = torch.arange(12, dtype=torch.float32, device="neuron").reshape(3, 4)
     view = to_buffer_view(x)

@@ -478,7 +478,7 @@ def _run_one(r, rec, args, kwargs, outs, device, allow_compile) -> None:
     queue.synchronize()  # device work before this op must have landed
     host_threads.confine()
     aliases: dict = {}
-    host_args, host_kwargs = host_fallback.to_host_all(args, kwargs, aliases)
+    host_args, host_kwargs = host_fallback.to_host_all(args, kwargs, aliases, r.info.out_args)
     storages = {key: entry[0].untyped_storage().data_ptr() for key, entry in aliases.items()}
     host_args, host_kwargs = numbers_as_tensors(r.op, host_args, host_kwargs)
     watching = trace.sink

@@ -61,14 +61,28 @@ def _neuron_tensors(value, found: list) -> list:
     return found
 
 
-def to_host_all(args, kwargs: dict, aliases: dict) -> tuple:
+def _host_tensors(args, kwargs) -> list:
+    found = []
+    for value in (*args, *(kwargs or {}).values()):
+        for t in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.numel() > 0:
+                found.append(t)
+    return found
+
+
+def to_host_all(args, kwargs: dict, aliases: dict, written_only=()) -> tuple:
     """(host args, host kwargs): neuron tensors (also inside lists) -> host
     views, neuron devices -> cpu. `aliases` maps id(host view) to (host view,
-    neuron tensor, storage byte its host storage starts at)."""
+    neuron tensor, storage byte its host storage starts at). `written_only`:
+    names of out= keyword arguments, which the op writes whole without reading
+    (on the discrete model they are not copied to the host)."""
     staged = None
     if transfers.discrete():
-        found = _neuron_tensors(kwargs.values() if kwargs else (), _neuron_tensors(args, []))
-        staged = transfers.stage(found)
+        found = _neuron_tensors(args, [])
+        blank = []
+        for name, value in (kwargs or {}).items():
+            _neuron_tensors(value, blank if name in written_only else found)
+        staged = transfers.stage(found, blank)
     host_args = to_host(args, aliases, staged)
     host_kwargs = {k: to_host(v, aliases, staged) for k, v in kwargs.items()} if kwargs else {}
     return host_args, host_kwargs
@@ -106,15 +120,20 @@ def _view_of_input(host: torch.Tensor, bases: list):
     return None
 
 
-def _to_device(value, aliases: dict, bases: list, device: torch.device):
+def _to_device(value, aliases: dict, bases: list, device: torch.device, kept: frozenset = frozenset()):
+    """The op's results on the device: its neuron arguments where it returned
+    them, views of them, or new device copies. `kept`: the storages of its
+    host arguments, which stay where they are when returned."""
     if isinstance(value, torch.Tensor):
         original = aliases.get(id(value))
         if original is not None and original[0] is value:
             return original[1]  # in-place / out=: the op returned its argument
+        if value.device.type != "cpu" or value.untyped_storage().data_ptr() in kept:
+            return value  # a host argument the op wrote (copy_ into a CPU tensor): it stays there
         view = _view_of_input(value, bases)
         return view if view is not None else transfers.device_copy_of(value, device.index)
     if isinstance(value, (list, tuple)):
-        return type(value)(_to_device(v, aliases, bases, device) for v in value)
+        return type(value)(_to_device(v, aliases, bases, device, kept) for v in value)
     return value
 
 
@@ -185,10 +204,11 @@ def run(op, info, args, kwargs, device: torch.device):
         dst.copy_(src_host)
         return dst
 
-    host_args, host_kwargs = to_host_all(args, kwargs, aliases)
+    host_args, host_kwargs = to_host_all(args, kwargs, aliases, info.out_args)
     host_args, host_kwargs = numbers_as_tensors(op, host_args, host_kwargs)
     bases = list(aliases.values())
     storages = {key: entry[0].untyped_storage().data_ptr() for key, entry in aliases.items()}
+    kept = frozenset(t.untyped_storage().data_ptr() for t in _host_tensors(args, kwargs))
 
     if info.seeded:
         result = run_seeded(op, host_args, host_kwargs, device)
@@ -196,7 +216,7 @@ def run(op, info, args, kwargs, device: torch.device):
         result = op(*as_cpu_expects(name, host_args), **host_kwargs)
 
     sync_mutated(info, args, kwargs, host_args, host_kwargs, aliases, storages)
-    return _to_device(result, aliases, bases, device)
+    return _to_device(result, aliases, bases, device, kept)
 
 
 def sync_mutated(info, args, kwargs, host_args, host_kwargs, aliases: dict, storages: dict) -> None:

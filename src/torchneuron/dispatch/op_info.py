@@ -37,6 +37,7 @@ class OpInfo:
     name: str  # "aten.add.Tensor"
     arg_names: tuple  # positional argument names, for error messages
     mutated_args: tuple  # names of arguments the op writes to (in-place, out=)
+    out_args: tuple  # the out= ones: written whole, never read
     seeded: bool  # draws random numbers
     checks_devices: bool  # all tensor arguments must share one device
     composite_only: bool  # PyTorch's generic kernel, no CPU kernel: can be decomposed on device
@@ -63,6 +64,7 @@ def op_info(op) -> OpInfo:
             mutated_args=tuple(
                 a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write
             ),
+            out_args=tuple(a.name for a in schema.arguments if a.is_out),
             seeded=torch.Tag.nondeterministic_seeded in op.tags,
             checks_devices=schema.name not in _CROSS_DEVICE_OPS and qualified not in _CROSS_DEVICE_OPS,
             composite_only=_has(qualified, "CompositeExplicitAutograd") and not _has(qualified, "CPU"),

@@ -223,6 +223,14 @@ def device_memory(index: int, vm_instance, element_types: dict) -> DeviceMemory:
     return memory
 
 
+def existing(index: int) -> DeviceMemory:
+    """The device memory of neuron:index, once the device has been used."""
+    memory = _memories.get(index)
+    if memory is None:
+        raise RuntimeError(f"neuron:{index} has no device memory in use yet")
+    return memory
+
+
 def let_go_of_released() -> None:
     """Drop the buffers of blocks the allocator released, unless the same
     block is live again (addresses are one space over every device)."""

@@ -5,10 +5,10 @@ On the unified model a neuron storage is host memory, and these are plain
 host copies through zero-copy aliases (nothing is counted: nothing crosses).
 On the discrete model the host reaches device memory only here: a copy is a
 command buffer queued on the device's default timeline, after the launches
-queued before it, so a host-to-device copy needs no wait and later launches
-see its bytes; a device-to-host copy waits for its own copy only (callers
-that need other streams' work done synchronize first, as the dispatcher
-does before any transfer).
+queued before it, and waited for: once a copy returns, every stream sees its
+bytes (as CUDA's copies from pageable memory behave). Callers that need
+other streams' work done synchronize first, as the dispatcher does before
+any transfer.
 """
 
 from __future__ import annotations
@@ -87,7 +87,9 @@ def write_bytes(index: int, address: int, data: np.ndarray) -> None:
     staging = queue.memory.staging_with(data)
     commands = _rt().HalCommandBuffer(queue.task.device)
     commands.copy(staging, buffer, 0, offset, data.size, end=True)
-    queue.submit(commands, [staging], "copy to the device")
+    # Waited for, as CUDA's copies from pageable memory are: once it returns,
+    # every stream sees the bytes, and the host array may change.
+    queue.submit_and_wait(commands, "copy to the device")
     device_memory.count("host_to_device", data.size)
 
 
@@ -123,25 +125,34 @@ def _view_over(data: torch.Tensor, t: torch.Tensor, start: int) -> torch.Tensor:
     return host
 
 
-def stage(tensors) -> dict:
+def stage(tensors, blank=()) -> dict:
     """Host copies of several neuron tensors, read once per storage (the
     union of what they cover): {id(tensor): (host tensor, storage start
     byte)}. Views of one storage stay views of one host storage, so an op
-    that writes one sees the change in the others."""
-    spans: dict = {}
+    that writes one sees the change in the others. `blank`: tensors to be
+    written whole (out= arguments): a dense one alone in its storage gets
+    host memory that is not read from the device."""
+    staged = {}
+    shared = {_storage_address(t) for t in tensors}
+    for t in blank:
+        if _dense(t) and _storage_address(t) not in shared:
+            start, end = _span(t)
+            staged[id(t)] = (_view_over(torch.empty(end - start, dtype=torch.uint8), t, start), start)
+        else:
+            tensors = [*tensors, t]
+    spans: dict = {}  # (storage address, device) -> [first byte, end byte, largest element size]
     for t in tensors:
         key = (_storage_address(t), t.device.index)
         start, end = _span(t)
-        if key in spans:
-            s, e = spans[key]
-            spans[key] = (min(s, start), max(e, end))
+        span = spans.get(key)
+        if span is None:
+            spans[key] = [start, end, t.element_size()]
         else:
-            spans[key] = (start, end)
+            span[0], span[1], span[2] = min(span[0], start), max(span[1], end), max(span[2], t.element_size())
     storages = {}
-    for (address, index), (start, end) in spans.items():
-        start -= start % 64  # every element size divides it
+    for (address, index), (start, end, size) in spans.items():
+        start -= start % size  # so that each view's offset is whole elements from it
         storages[(address, index)] = (torch.from_numpy(read_bytes(index, address + start, end - start)), start)
-    staged = {}
     for t in tensors:
         data, start = storages[(_storage_address(t), t.device.index)]
         staged[id(t)] = (_view_over(data, t, start), start)
