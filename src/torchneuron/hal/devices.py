@@ -59,13 +59,6 @@ def driver_problem(driver: str) -> str | None:
             f"neuron: the target driver {driver!r} (TORCHNEURON_DRIVER) is not available; "
             f"available drivers: {', '.join(drivers)}"
         )
-    if memory_model(driver) != "unified":
-        return (
-            f"neuron: the target driver {driver!r} (TORCHNEURON_DRIVER) gives its devices memory of their own, "
-            f"and torchneuron runs only where device memory is host memory so far (drivers "
-            f"{', '.join(UNIFIED_DRIVERS)}): its executables could not read the tensors. "
-            f"Use TORCHNEURON_DRIVER=local-task."
-        )
     return None
 
 
