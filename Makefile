@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.torchneuron-installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean vulkan-driver
 
 setup: $(STAMP)
 
@@ -40,9 +40,38 @@ ADAPTIVE_TESTS := tests/test_views.py tests/test_copies.py tests/test_dispatch.p
 # leaves a core idle while it waits on a compiler or a child process.
 PYTEST := $(PY) -m pytest -n 2 --dist loadfile
 
-test: setup
+# The device, copy, view, autograd, training, dtype, error, memory, index
+# bound and stream tests, and the conformance subset, again under the
+# discrete memory model on the CPU driver (storages are device buffers the
+# host reaches only through transfers), then a subset on Vulkan (lavapipe,
+# Mesa's software Vulkan driver: a device with memory of its own, no GPU).
+DISCRETE_TESTS := tests/test_views.py tests/test_copies.py tests/test_in_place.py tests/test_dtypes.py \
+	tests/test_autograd_training.py tests/test_memory.py tests/test_index_bounds.py tests/test_streams.py \
+	tests/test_errors.py tests/test_device_module.py tests/test_dispatch.py tests/test_memory_ownership.py \
+	tests/test_conformance.py
+VULKAN_TESTS := tests/test_discrete_memory.py tests/test_views.py tests/test_copies.py tests/test_autograd_training.py
+
+test: setup vulkan-driver
 	$(PYTEST) tests
 	TORCHNEURON_EAGER_MODE=adaptive $(PYTEST) $(ADAPTIVE_TESTS)
+	TORCHNEURON_MEMORY=discrete $(PYTEST) $(DISCRETE_TESTS)
+	TORCHNEURON_DRIVER=vulkan $(PYTEST) $(VULKAN_TESTS)
+
+# A Vulkan driver for the Vulkan tests: Debian's mesa-vulkan-drivers (lavapipe)
+# when none is installed and apt can install it (CI runs as root on Debian).
+VULKAN_ICDS := $(wildcard /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json)
+vulkan-driver:
+ifeq ($(VULKAN_ICDS),)
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Mesa's software Vulkan driver (lavapipe) for the Vulkan tests"; \
+		apt-get install -y -q mesa-vulkan-drivers >/dev/null || \
+		(apt-get update -q >/dev/null && apt-get install -y -q mesa-vulkan-drivers >/dev/null); \
+	else \
+		echo "make test needs a Vulkan driver for its Vulkan tests and none is installed:"; \
+		echo "install Mesa's (Debian/Ubuntu: sudo apt-get install mesa-vulkan-drivers)"; \
+		exit 1; \
+	fi
+endif
 
 bench: setup
 	$(PY) bench/op_latency.py --write docs/benchmarks.md

@@ -20,7 +20,7 @@ def _info(args) -> int:
         "available": torch.neuron.is_available(),
         "device_count": torch.neuron.device_count(),
         "driver": torchneuron.config.settings.driver,
-        "memory_model": hal.memory_model(torchneuron.config.settings.driver),
+        "memory_model": hal.memory_model_in_use(),
         "available_drivers": list(hal.available_drivers()),
         "drivers": hal.describe_drivers(),
         "dtypes": [str(d).replace("torch.", "") for d in torchneuron.supported_dtypes()],

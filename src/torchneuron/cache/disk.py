@@ -30,6 +30,7 @@ import time
 import warnings
 
 from .. import config
+from . import target_check
 
 _TMP = ".tmp-"
 
@@ -56,6 +57,7 @@ class DiskCache:
         self.misses = 0
         self.writes = 0
         self.corrupt = 0
+        self.wrong_target = 0  # entries compiled for another target, deleted
         self.evictions = 0
         self.plan_hits = 0
         self.write_errors = 0
@@ -130,7 +132,35 @@ class DiskCache:
 
     # -- executables --------------------------------------------------------
 
-    def get_executable(self, key: str) -> bytes | None:
+    def discard_executable(self, key: str, why: str) -> None:
+        """Delete an entry that was not compiled for the target of its key
+        (cache/target_check.py), saying so once."""
+        self.wrong_target += 1
+        self._warn_once("wrong_target", f"neuron: an executable cache entry compiled for another target was "
+                                        f"deleted and will be rebuilt ({key[:16]}: {why})")
+        for suffix in (".vmfb", ".json"):
+            with contextlib.suppress(OSError):
+                os.unlink(self._path("exe", key, suffix))
+
+    def get_executable(self, key: str, target: tuple | None = None) -> bytes | None:
+        """The executable stored under `key`, if it is intact and compiled for
+        `target` (backend, flags; default: the configured one)."""
+        vmfb = self._read_executable(key)
+        if vmfb is None:
+            return None
+        if target is None:
+            from ..compiler import target_flags
+
+            target = target_flags()
+        why = target_check.mismatch(vmfb, *target)
+        if why is not None:
+            self.hits -= 1
+            self.misses += 1
+            self.discard_executable(key, why)
+            return None
+        return vmfb
+
+    def _read_executable(self, key: str) -> bytes | None:
         if not self.enabled:
             return None
         meta_path = self._path("exe", key, ".json")
@@ -353,6 +383,7 @@ class DiskCache:
             "disk_misses": self.misses,
             "disk_writes": self.writes,
             "disk_corrupt": self.corrupt,
+            "disk_wrong_target": self.wrong_target,
             "disk_evictions": self.evictions,
             "plan_disk_hits": self.plan_hits,
         }

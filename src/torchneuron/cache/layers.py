@@ -16,7 +16,7 @@ import threading
 import time
 
 from .. import trace
-from . import leader
+from . import leader, target_check
 from .disk import disk_cache
 from .key import key_components
 from .remote import remote_store
@@ -60,13 +60,13 @@ def _fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service
     disk = disk_cache()
     remote = remote_store()
     if disk is not None:
-        vmfb = disk.get_executable(key)
+        vmfb = disk.get_executable(key, target)
         if vmfb is not None:
             stats.add("disk")
             return vmfb, 0.0, "disk"
     if remote is not None:
         vmfb = remote.get(key)
-        if vmfb is not None:
+        if vmfb is not None and target_check.mismatch(vmfb, *target) is None:
             if disk is not None:
                 disk.put_executable(key, vmfb, dict(_meta(components, what, 0.0), source="remote"))
             stats.add("remote")
@@ -87,7 +87,7 @@ def _fetch_or_compile(key: str, mlir: str, what: str, target: tuple, use_service
         # One process per key per host: the others wait, then read the disk.
         with disk.lock("exe-" + key) if disk is not None else contextlib.nullcontext(False):
             if disk is not None:
-                vmfb = disk.get_executable(key)
+                vmfb = disk.get_executable(key, target)
                 if vmfb is not None:
                     return vmfb, 0.0, "disk"
             vmfb, seconds = compile_mlir(mlir, what, target=target)

@@ -6,7 +6,7 @@ import functools
 import time
 
 from .. import config
-from . import target_cpu
+from . import target_cpu, target_vulkan
 from .read_only_inputs import inputs_written_in_place, protect_inputs
 from .tool import CompilerToolError, run_compiler
 
@@ -43,6 +43,8 @@ def target_flags(driver: str | None = None, to_run: bool = True) -> tuple:
     backend = _BACKENDS.get(driver)
     if backend is None:
         raise RuntimeError(f"neuron: no compiler target for driver {driver!r}; known: {', '.join(_BACKENDS)}")
+    if backend == "vulkan-spirv":
+        return backend, target_vulkan.flags()
     if backend != "llvm-cpu":
         return backend, ("--iree-input-demote-f64-to-f32=false",)
     cpu = target_cpu.resolve(config.settings.target_cpu)

@@ -22,9 +22,7 @@ def available_drivers() -> tuple:
 # How each driver's devices hold memory. "unified": device memory is host
 # memory, which IREE imports with no copy (its CPU drivers); "discrete": the
 # device has memory of its own, reached only through transfers (a GPU, an
-# accelerator's HBM). The backend runs on unified memory only so far: on a
-# discrete device its first launch would fail to import host memory, after
-# ops had quietly run on the host path while executables compiled.
+# accelerator's HBM; memory/device_memory.py, runtime/transfers.py).
 MEMORY_MODELS = {"local-task": "unified", "local-sync": "unified"}
 UNIFIED_DRIVERS = tuple(d for d, model in MEMORY_MODELS.items() if model == "unified")
 
@@ -59,21 +57,46 @@ def driver_problem(driver: str) -> str | None:
             f"neuron: the target driver {driver!r} (TORCHNEURON_DRIVER) is not available; "
             f"available drivers: {', '.join(drivers)}"
         )
+    if memory_model(driver) != "unified":
+        found = _devices_of(driver)
+        if isinstance(found, str) or not found:
+            why = found if isinstance(found, str) else "it found no device"
+            return (
+                f"neuron: the target driver {driver!r} (TORCHNEURON_DRIVER) cannot be used: {why}. "
+                f"Drivers with devices here: {', '.join(d for d in drivers if _has_devices(d))}"
+            )
     return None
+
+
+def _has_devices(driver: str) -> bool:
+    if driver in UNIFIED_DRIVERS:
+        return True  # the CPU
+    found = _devices_of(driver)
+    return isinstance(found, tuple) and bool(found)
+
+
+@functools.lru_cache(maxsize=None)
+def _devices_of(driver: str):
+    """The names of a driver's devices, or why it has none (a string)."""
+    import iree.runtime as ireert
+
+    try:
+        return tuple(d.get("name", "?") for d in ireert.get_driver(driver).query_available_devices())
+    except Exception as e:  # noqa: BLE001 - no hardware or no system driver behind it: say so
+        return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
 
 
 def describe_drivers() -> dict:
     """{driver: {"memory": model, "devices": [names] or "error": why}} for
     every driver this IREE runtime carries (`torchneuron info`)."""
-    import iree.runtime as ireert
-
     found = {}
     for driver in available_drivers():
         entry = {"memory": memory_model(driver)}
-        try:
-            entry["devices"] = [d.get("name", "?") for d in ireert.get_driver(driver).query_available_devices()]
-        except Exception as e:  # noqa: BLE001 - no hardware or no system driver behind it: say so
-            entry["error"] = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        devices = _devices_of(driver)
+        if isinstance(devices, str):
+            entry["error"] = devices
+        else:
+            entry["devices"] = list(devices)
         found[driver] = entry
     return found
 

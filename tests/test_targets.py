@@ -1,0 +1,115 @@
+"""Targets with memory of their own: Vulkan on lavapipe (Mesa's software
+Vulkan driver, installed by `make test`), each program in a child process
+with TORCHNEURON_DRIVER=vulkan. A test passes only if the work ran compiled
+on the target (execution_stats), with values compared against PyTorch CPU."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from torchneuron.cache import target_check
+from torchneuron.compiler import target_vulkan
+
+
+def _run_on(driver: str, body: str, **env) -> dict:
+    code = (
+        "import json, torch, torchneuron\n"
+        "result = {}\n" + textwrap.dedent(body) + "\nprint('RESULT' + json.dumps(result))\n"
+    )
+    environment = dict(os.environ, TORCHNEURON_DRIVER=driver, TORCHNEURON_COMPILE_WAIT="1",
+                       TORCHNEURON_EAGER_MODE="op", **env)
+    environment.pop("TORCHNEURON_MEMORY", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:]
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")][-1]
+    return json.loads(line[len("RESULT"):])
+
+
+_TRAIN = """
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    ref = __import__("copy").deepcopy(model)
+    model.to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    data, target = torch.randn(8, 16), torch.randn(8, 4)
+    losses = []
+    for _ in range(3):
+        for m, o, d, t in ((model, opt, data.to("neuron"), target.to("neuron")), (ref, ref_opt, data, target)):
+            o.zero_grad()
+            loss = torch.nn.functional.mse_loss(m(d), t)
+            loss.backward()
+            o.step()
+            losses.append(loss.item())
+    result["losses"] = losses
+    result["stats"] = torchneuron.execution_stats()
+    result["fallback"] = torchneuron.fallback_ops()
+    result["compile"] = {k: v for k, v in torchneuron.compile_stats().items() if k.startswith("disk_")}
+"""
+
+
+def test_info_lists_the_vulkan_device_and_its_memory_model():
+    out = subprocess.run([sys.executable, "-m", "torchneuron.cli", "info", "--json"], capture_output=True, text=True,
+                         env=dict(os.environ, TORCHNEURON_DRIVER="vulkan"), timeout=120)
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["available"] is True and info["driver"] == "vulkan"
+    assert info["memory_model"] == "discrete"
+    assert info["drivers"]["vulkan"]["memory"] == "discrete" and info["drivers"]["vulkan"]["devices"]
+
+
+def test_training_runs_compiled_on_vulkan_and_matches_cpu(tmp_path):
+    result = _run_on("vulkan", _TRAIN, TORCHNEURON_CACHE_DIR=str(tmp_path))
+    losses = result["losses"]
+    assert all(abs(a - b) < 1e-4 for a, b in zip(losses[0::2], losses[1::2])), losses
+    # The work ran as Vulkan executables, none of it on the host path.
+    assert result["stats"]["ops_compiled"] >= 30 and result["fallback"] == {}, result
+    assert result["stats"]["ops_on_host_while_compiling"] == 0
+
+
+def test_an_entry_compiled_for_another_target_is_never_loaded(tmp_path):
+    # Fill a cache on Vulkan, then plant CPU executables under its keys, each
+    # a consistent entry (size and checksum match), as a copied directory
+    # or a shared store could hold. The Vulkan run that follows must rebuild
+    # them, not hand a CPU executable to the Vulkan device.
+    vulkan_dir, cpu_dir = tmp_path / "vulkan", tmp_path / "cpu"
+    _run_on("vulkan", _TRAIN, TORCHNEURON_CACHE_DIR=str(vulkan_dir))
+    _run_on("local-task", _TRAIN, TORCHNEURON_CACHE_DIR=str(cpu_dir))
+    cpu_vmfb = max((open(p, "rb").read() for p in glob.glob(str(cpu_dir / "exe" / "*" / "*.vmfb"))), key=len)
+    assert target_check.mismatch(cpu_vmfb, "vulkan-spirv", target_vulkan.flags()) is not None
+    planted = 0
+    for path in glob.glob(str(vulkan_dir / "exe" / "*" / "*.vmfb")):
+        meta_path = path[: -len(".vmfb")] + ".json"
+        meta = json.loads(open(meta_path).read())
+        meta.update(size=len(cpu_vmfb), sha256=hashlib.sha256(cpu_vmfb).hexdigest())
+        open(path, "wb").write(cpu_vmfb)
+        open(meta_path, "w").write(json.dumps(meta))
+        planted += 1
+    assert planted >= 10
+    result = _run_on("vulkan", _TRAIN, TORCHNEURON_CACHE_DIR=str(vulkan_dir))
+    losses = result["losses"]
+    assert all(abs(a - b) < 1e-4 for a, b in zip(losses[0::2], losses[1::2])), losses
+    assert result["compile"]["disk_wrong_target"] >= 10, result["compile"]
+    assert result["fallback"] == {}
+
+
+def test_vulkan_code_assumes_only_what_the_device_reports():
+    lavapipe = target_vulkan.parse_device_info(
+        "name: llvmpipe (LLVM 15.0.6, 256 bits)\ndriver: llvmpipe\n"
+        "features: shaderInt8=yes shaderFloat16=yes storageBuffer8BitAccess=yes storageBuffer16BitAccess=no\n"
+    )
+    other = dict(lavapipe, driver="some-gpu")
+    lava = target_vulkan.features_of(lavapipe).split(",")
+    assert {"cap:Float64", "cap:Int64", "cap:Int8", "cap:Float16", "cap:StorageBuffer8BitAccess"} <= set(lava)
+    assert "cap:StorageBuffer16BitAccess" not in lava
+    # A device that does not report 64-bit types gets code without them: such
+    # ops fail to compile and run on the host path, never emulated wrongly.
+    assert "cap:Float64" not in target_vulkan.features_of(other).split(",")
+    # No named profile: those assume a subgroup size (wrong sums on others).
+    assert f"--iree-vulkan-target={target_vulkan.BASELINE}" in target_vulkan.flags(lavapipe)
