@@ -202,3 +202,59 @@ def test_memory_limit_and_guarded_memory_are_clear():
         """)
     assert "neuron out of memory" in result["oom"] and "neuron:0" in result["oom"]
     assert "unified memory model" in result["guards"]
+
+
+def test_a_steady_training_step_moves_its_batch_loss_and_host_path_operands():
+    # The demo's GPT (smaller): once every op is compiled, a step copies its
+    # batch in, its loss out and, for each op on the host path (dropout, whose
+    # masks come from PyTorch's CPU generator), its operands out and results
+    # in. Nothing else crosses. The host-path bytes are tallied from the ops'
+    # own arguments and results, apart from the transfer counters.
+    result = _run_discrete("""
+        from torchneuron.dispatch import host_fallback
+        from torchneuron.models import GPTConfig, train_gpt
+        per_step, tally = [], {"out": 0, "in": 0}
+        run = host_fallback.run
+
+        def neuron_bytes(value):
+            if isinstance(value, torch.Tensor):
+                return value.nbytes if value.device.type == "neuron" else 0
+            if isinstance(value, (list, tuple)):
+                return sum(neuron_bytes(v) for v in value)
+            return 0
+
+        copies = {"aten.copy_.default", "aten._copy_from.default", "aten._local_scalar_dense.default"}
+
+        def tallied(op, info, args, kwargs, device):
+            if info.name in copies:  # the batch and the loss: counted apart
+                return run(op, info, args, kwargs, device)
+            tally["out"] += neuron_bytes(list(args)) + neuron_bytes(list(kwargs.values()))
+            results = run(op, info, args, kwargs, device)
+            tally["in"] += neuron_bytes(results)
+            return results
+
+        host_fallback.run = tallied
+
+        def on_step(step, loss):
+            per_step.append(dict(torchneuron.transfer_stats(), host_out=tally["out"], host_in=tally["in"]))
+            torchneuron.reset_transfer_stats()
+            tally.update(out=0, **{"in": 0})
+
+        cfg = GPTConfig(n_embd=32, n_layer=1, block_size=16)
+        losses = train_gpt("neuron", 6, cfg=cfg, batch=4, on_step=on_step)
+        cpu = train_gpt("cpu", 6, cfg=cfg, batch=4)
+        result["steps"] = per_step
+        result["losses"] = [losses, cpu]
+        result["fallback"] = torchneuron.fallback_ops()
+        """)
+    losses, cpu = result["losses"]
+    assert all(abs(a - b) < 1e-4 for a, b in zip(losses, cpu)), (losses, cpu)
+    assert set(result["fallback"]) == {"aten.native_dropout.default"}, result["fallback"]
+    batch_bytes = 2 * 4 * 16 * 8  # inputs and targets, int64
+    for stats in result["steps"][2:]:
+        assert stats["host_out"] > 0, stats
+        assert stats["host_to_device"] == batch_bytes + stats["host_in"], stats
+        # The loss, the host ops' operands, and the flags of index bound checks (embedding, loss targets).
+        assert stats["device_to_host"] == 4 + stats["host_out"] + stats["index_check_bytes"], stats
+        assert 0 < stats["index_check_bytes"] <= 8, stats
+        assert stats["device_to_device"] == 0, stats

@@ -203,6 +203,14 @@ def run(op, info, args, kwargs, device: torch.device):
             return _copy_from(src_host, dst)
         dst.copy_(src_host)
         return dst
+    if name == "aten.copy_.default" and not kwargs and len(args) == 2 and _between_host_and_device(*args):
+        # dst.copy_(src) across host and device: one transfer, the destination not read first.
+        dst, src = args
+        if dst.device.type == _NEURON:
+            transfers.write_into(dst, src)
+        else:
+            dst.copy_(transfers.to_host(src))
+        return dst
 
     host_args, host_kwargs = to_host_all(args, kwargs, aliases, info.out_args)
     host_args, host_kwargs = numbers_as_tensors(op, host_args, host_kwargs)
@@ -217,6 +225,10 @@ def run(op, info, args, kwargs, device: torch.device):
 
     sync_mutated(info, args, kwargs, host_args, host_kwargs, aliases, storages)
     return _to_device(result, aliases, bases, device, kept)
+
+
+def _between_host_and_device(dst, src) -> bool:
+    return {dst.device.type, src.device.type} == {_NEURON, "cpu"}
 
 
 def sync_mutated(info, args, kwargs, host_args, host_kwargs, aliases: dict, storages: dict) -> None:

@@ -163,6 +163,7 @@ class DeviceMemory:
         self.device.queue_execute(commands, rt.HalFence(0), rt.HalFence.create_at(semaphore, 1))
         semaphore.wait(1)
         count("device_to_host", nbytes)
+        count("index_checks", nbytes)  # the one reader: a launch's index flag
         return staging.map().asarray((nbytes,), np.dtype(np.uint8)).copy()
 
     def staging_for_reading(self, nbytes: int):

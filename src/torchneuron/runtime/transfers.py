@@ -28,11 +28,14 @@ def discrete() -> bool:
 
 def transfer_stats() -> dict:
     """Bytes and copies each way since start or the last reset_transfer_stats():
-    host_to_device, device_to_host, device_to_device (bytes) and *_copies."""
+    host_to_device, device_to_host, device_to_device (bytes) and *_copies;
+    index_check_bytes: the part of device_to_host that read the flags of
+    device-side index bound checks."""
     counts = device_memory.counts()
     keys = ("host_to_device", "device_to_host", "device_to_device")
     out = {k: counts.get(k, 0) for k in keys}
     out.update({f"{k}_copies": counts.get(f"{k}_copies", 0) for k in keys})
+    out["index_check_bytes"] = counts.get("index_checks", 0)  # of device_to_host: flags of index bound checks
     out["memory_model"] = memory_model_in_use()
     return out
 
@@ -178,7 +181,7 @@ def write_into(dst: torch.Tensor, src: torch.Tensor) -> None:
         _C.host_alias(dst).copy_(src)
         return
     if dst.is_contiguous():
-        values = src.to(dst.dtype).expand(dst.shape).contiguous()
+        values = src.to(dst.dtype).expand(dst.shape).resolve_conj().resolve_neg().contiguous()
         write_bytes(dst.device.index, dst.data_ptr(), values.view(-1).view(torch.uint8).numpy())
         return
     start, _ = _span(dst)
