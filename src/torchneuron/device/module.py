@@ -194,13 +194,21 @@ def get_amp_supported_dtype() -> list:
 
 
 def get_device_name(device=None) -> str:
+    """"neuron (IREE <driver>)", with the device's own name where the driver
+    has one (a GPU; Vulkan's lavapipe: "llvmpipe (...)")."""
     from .. import config
+    from ..hal import devices
 
-    return f"neuron (IREE {config.settings.driver})"
+    names = devices.device_names(config.settings.driver)
+    return f"neuron (IREE {config.settings.driver}: {names[0]})" if names else f"neuron (IREE {config.settings.driver})"
 
 
 def get_device_properties(device=None):
+    """Name, driver, index and memory model ("unified": host memory;
+    "discrete": memory of its own, reached through transfers)."""
     from .. import config
+    from ..hal import devices
 
     index = device_index(device)
-    return {"name": get_device_name(index), "driver": config.settings.driver, "index": index}
+    return {"name": get_device_name(index), "driver": config.settings.driver, "index": index,
+            "memory_model": devices.memory_model_in_use()}

@@ -68,6 +68,15 @@ def driver_problem(driver: str) -> str | None:
     return None
 
 
+def device_names(driver: str) -> tuple:
+    """The names of a driver's devices; () for the CPU drivers (the host) or
+    a driver without devices."""
+    if driver in UNIFIED_DRIVERS:
+        return ()
+    found = _devices_of(driver)
+    return found if isinstance(found, tuple) else ()
+
+
 def _has_devices(driver: str) -> bool:
     if driver in UNIFIED_DRIVERS:
         return True  # the CPU
