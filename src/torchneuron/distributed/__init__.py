@@ -22,6 +22,15 @@ def _create_backend(store, rank: int, size: int, timeout: datetime.timedelta):
     which collectives.py drives with the tensors' host aliases."""
     from torch.distributed import ProcessGroupGloo
 
+    from .. import _C
+
+    if _C.discrete_memory():
+        raise RuntimeError(
+            "neuron: the c10d backend hands gloo the tensors' host memory, and on the discrete memory "
+            "model (a device with memory of its own, or TORCHNEURON_MEMORY=discrete) the host has none "
+            "to hand: distributed training needs the unified model (the CPU driver) so far"
+        )
+
     return ProcessGroupGloo(store, rank, size, timeout)
 
 
