@@ -113,3 +113,21 @@ def test_vulkan_code_assumes_only_what_the_device_reports():
     assert "cap:Float64" not in target_vulkan.features_of(other).split(",")
     # No named profile: those assume a subgroup size (wrong sums on others).
     assert f"--iree-vulkan-target={target_vulkan.BASELINE}" in target_vulkan.flags(lavapipe)
+
+
+def test_device_memory_exhausted_is_an_out_of_memory_error_and_loses_nothing():
+    # lavapipe's one memory heap takes at most 2 GiB in one allocation.
+    result = _run_on("vulkan", """
+        kept = torch.arange(5.0, device="neuron")
+        big = torch.empty(700 * 2**20, device="neuron")  # an address: the memory is made at first use
+        try:
+            big.fill_(1.0)
+            torch.neuron.synchronize()
+        except torch.OutOfMemoryError as e:
+            result["error"] = str(e)
+        del big
+        result["after"] = (kept * 2).tolist()
+        """)
+    assert "neuron out of memory" in result["error"] and "device memory of neuron:0" in result["error"]
+    assert "vulkan" in result["error"], result
+    assert result["after"] == [0.0, 2.0, 4.0, 6.0, 8.0]
