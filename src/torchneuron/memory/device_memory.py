@@ -93,9 +93,11 @@ class DeviceMemory:
             raise RuntimeError(f"neuron: {address:#x} is not a live address of neuron:{self.index}'s memory")
         block = self.blocks.get(start)
         if block is None or block.length != length:
-            with _lock:
+            with _lock:  # one buffer per block, whichever thread meets it first
                 let_go_of_released()
-                block = self.blocks[start] = _Block(self._allocate(length), length)
+                block = self.blocks.get(start)
+                if block is None or block.length != length:
+                    block = self.blocks[start] = _Block(self._allocate(length), length)
         return block, address - start
 
     def _allocate(self, length: int):
