@@ -149,8 +149,10 @@ class DiskCache:
         if vmfb is None:
             return None
         if target is None:
-            from ..compiler import target_flags
+            from ..compiler import target_flags, target_known
 
+            if not target_known():
+                return vmfb  # never wait here for the CPU to be resolved (ranks wait on each other)
             target = target_flags()
         why = target_check.mismatch(vmfb, *target)
         if why is not None:
