@@ -73,6 +73,38 @@ def test_training_runs_compiled_on_vulkan_and_matches_cpu(tmp_path):
     assert result["stats"]["ops_on_host_while_compiling"] == 0
 
 
+def test_an_executable_called_again_with_new_tensors_uses_them(tmp_path):
+    # Concatenations are copies in IREE's command buffers; replaying a
+    # recorded one on Vulkan kept its first call's buffers (the second stack
+    # wrote nothing), so gradient clipping went wrong from a GPT's second step.
+    result = _run_on("vulkan", """
+        torch.manual_seed(0)
+        same = []
+        for step in range(3):
+            host = [torch.randn(40 + i) for i in range(5)]
+            norms = [t.to("neuron").norm() for t in host]
+            stacked = torch.stack(norms).cpu()
+            joined = torch.cat([n.view(1) for n in norms]).cpu()
+            expected = torch.stack([t.norm() for t in host])
+            same.append(bool(torch.allclose(stacked, expected) and torch.allclose(joined, expected)))
+        result["same"] = same
+        result["fallback"] = torchneuron.fallback_ops()
+        """, TORCHNEURON_CACHE_DIR=str(tmp_path))
+    assert result["same"] == [True, True, True] and result["fallback"] == {}, result
+
+
+def test_a_small_gpt_trains_on_vulkan_like_cpu(tmp_path):
+    result = _run_on("vulkan", """
+        from torchneuron.models import GPTConfig, train_gpt
+        cfg = GPTConfig(n_embd=32, n_layer=1, block_size=16)
+        result["neuron"] = train_gpt("neuron", 4, cfg=cfg, batch=4)
+        result["cpu"] = train_gpt("cpu", 4, cfg=cfg, batch=4)
+        result["stats"] = torchneuron.execution_stats()
+        """, TORCHNEURON_CACHE_DIR=str(tmp_path))
+    assert max(abs(a - b) for a, b in zip(result["neuron"], result["cpu"])) < 1e-4, result
+    assert result["stats"]["ops_on_host_fallback"] < result["stats"]["ops_compiled"] / 10, result["stats"]
+
+
 def test_an_entry_compiled_for_another_target_is_never_loaded(tmp_path):
     # Fill a cache on Vulkan, then plant CPU executables under its keys, each
     # a consistent entry (size and checksum match), as a copied directory

@@ -34,6 +34,16 @@ class CompileError(RuntimeError):
         super().__init__(f"neuron: compiling {what} failed:\n{diagnostic.strip()[:4000]}")
 
 
+# IREE records a module's command buffers once and replays them with each
+# call's buffers through a binding table (iree-org/iree#17875, open). On its
+# Vulkan driver the copies in them (a concatenation, a stack) kept the first
+# call's buffers: the second `torch.stack` of fresh tensors wrote nothing into
+# its output (lavapipe, IREE 3.13), which made a GPT's gradient clipping wrong
+# from its second step. Recording per launch costs microseconds; the CPU
+# drivers replay correctly and keep the binding tables.
+_RECORDED_PER_LAUNCH = ("--iree-hal-indirect-command-buffers=false",)
+
+
 def target_flags(driver: str | None = None, to_run: bool = True) -> tuple:
     """(backend, flags) for a driver; every flag here changes code, so all go
     in the cache key. The CPU is named explicitly (see target_cpu.py).
@@ -44,9 +54,9 @@ def target_flags(driver: str | None = None, to_run: bool = True) -> tuple:
     if backend is None:
         raise RuntimeError(f"neuron: no compiler target for driver {driver!r}; known: {', '.join(_BACKENDS)}")
     if backend == "vulkan-spirv":
-        return backend, target_vulkan.flags()
+        return backend, target_vulkan.flags() + _RECORDED_PER_LAUNCH
     if backend != "llvm-cpu":
-        return backend, ("--iree-input-demote-f64-to-f32=false",)
+        return backend, ("--iree-input-demote-f64-to-f32=false",) + _RECORDED_PER_LAUNCH
     cpu = target_cpu.resolve(config.settings.target_cpu)
     if to_run:
         target_cpu.check_runnable(cpu)
