@@ -22,6 +22,7 @@ setup(
                 "csrc/guard.cpp",
                 "csrc/hooks.cpp",
                 "csrc/kernels.cpp",
+                "csrc/pinned_memory.cpp",
                 "csrc/memory_guards.cpp",
                 "csrc/module.cpp",
                 "csrc/pending_graph.cpp",

@@ -61,10 +61,10 @@ struct NeuronHooks final : at::PrivateUse1HooksInterface {
   c10::Device getDeviceFromPtr(void* /*data*/) const override {
     return {c10::DeviceType::PrivateUse1, current_device()};
   }
-  bool isPinnedPtr(const void* /*data*/) const override { return false; }
-  c10::Allocator* getPinnedMemoryAllocator() const override {
-    return at::getCPUAllocator();
+  bool isPinnedPtr(const void* data) const override {
+    return pinned_block_of(reinterpret_cast<uintptr_t>(data)).second != 0;
   }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return pinned_allocator(); }
   // `storage.resize_()` (FSDP2 frees and regrows its parameters' memory so),
   // and out= results grown from empty. The old memory may still be read or
   // written by queued launches or a pending adaptive graph, and freeing it

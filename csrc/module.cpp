@@ -195,6 +195,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_discrete_memory", &set_discrete_memory);
   m.def("discrete_memory", &discrete_memory);
   m.def("device_block_of", [](uintptr_t address) { return device_block_of(address); });
+  m.def("pinned_block_of", [](uintptr_t address) { return pinned_block_of(address); });
   m.def("take_released_blocks", &take_released_blocks);
   m.def("set_device_copy_callback", [](pybind11::object fn) {
     auto* held = new pybind11::object(fn);  // for the life of the process, as the synchronize callback

@@ -72,6 +72,10 @@ void* reserve_device_address(size_t nbytes);  // nullptr when the space is spent
 void release_device_address(void* ptr);
 std::pair<uintptr_t, size_t> device_block_of(uintptr_t address);  // (0, 0): none
 std::vector<std::pair<uintptr_t, size_t>> take_released_blocks();
+
+// Pinned host memory (pinned_memory.cpp).
+c10::Allocator* pinned_allocator();
+std::pair<uintptr_t, size_t> pinned_block_of(uintptr_t address);  // (0, 0): not pinned
 void set_device_copy_callback(std::function<void(uintptr_t, uintptr_t, size_t, c10::DeviceIndex)> fn);
 void copy_device_bytes(void* dst, const void* src, size_t nbytes, c10::DeviceIndex device);
 

@@ -43,6 +43,22 @@ def test_non_blocking():
     torch.testing.assert_close(back, x)
 
 
+def test_pinned_memory_and_non_blocking_copies():
+    x = torch.randn(300)
+    pinned = x.pin_memory()
+    assert pinned.is_pinned() and not x.is_pinned() and torch.equal(pinned, x)
+    n = pinned.to("neuron", non_blocking=True)
+    back = torch.empty(300, pin_memory=True)
+    back.copy_(n * 2, non_blocking=True)
+    torch.neuron.current_stream().synchronize()
+    torch.testing.assert_close(back, x * 2)
+    torch.testing.assert_close(pinned, x)  # the source is unchanged
+    part = torch.empty(100, pin_memory=True)
+    part.copy_(n[100:200], non_blocking=True)  # an offset into the device storage
+    torch.neuron.synchronize()
+    torch.testing.assert_close(part, x[100:200])
+
+
 def test_host_reads():
     n = torch.tensor([[1.5, 2.0], [3.0, 4.0]], device="neuron")
     assert n[0, 0].item() == 1.5

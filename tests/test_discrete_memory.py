@@ -272,3 +272,46 @@ def test_distributed_is_refused_plainly():
             result["error"] = str(e)
         """)
     assert "discrete memory model" in result["error"] and "unified" in result["error"], result
+
+
+def test_pinned_memory_copies_are_queued_on_the_stream():
+    result = _run_discrete("""
+        x = torch.randn(1000)
+        pinned = x.pin_memory()
+        result["pinned"] = [pinned.is_pinned(), x.is_pinned(), torch.empty(3, pin_memory=True).is_pinned()]
+        torchneuron.reset_transfer_stats()
+        n = pinned.to("neuron", non_blocking=True)  # queued on the stream, not waited for
+        queued = torchneuron.transfer_stats()["queued_copy_bytes"]
+        result["to_device"] = torch.equal((n * 2).cpu(), x * 2)  # the launch after it on the stream sees it
+        back = torch.empty(1000, pin_memory=True)
+        back.copy_(n * 3, non_blocking=True)
+        torch.neuron.current_stream().synchronize()
+        result["to_host"] = torch.equal(back, x * 3)
+        result["queued"] = [queued, torchneuron.transfer_stats()["queued_copy_bytes"]]
+        # On a side stream, and an event orders the default stream after it.
+        side = torch.neuron.Stream()
+        with torch.neuron.stream(side):
+            m = pinned.to("neuron", non_blocking=True)
+            done = torch.neuron.Event()
+            done.record()
+        torch.neuron.current_stream().wait_event(done)
+        result["side"] = torch.equal((m + 1).cpu(), x + 1)
+        # Pageable memory: the ordinary, waited-for copy.
+        before = torchneuron.transfer_stats()["queued_copy_bytes"]
+        p = x.to("neuron", non_blocking=True)
+        result["pageable"] = [torchneuron.transfer_stats()["queued_copy_bytes"] == before, torch.equal(p.cpu(), x)]
+        # As on CUDA, a non_blocking copy to the CPU lands in pinned memory.
+        c = n.to("cpu", non_blocking=True)
+        torch.neuron.synchronize()
+        result["to_cpu"] = [c.is_pinned(), torch.equal(c, x)]
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x.view(100, 10)), batch_size=25,
+                                             pin_memory=True, pin_memory_device="neuron")
+        batch = next(iter(loader))[0]
+        result["loader"] = [batch.is_pinned(), torch.equal(batch.to("neuron", non_blocking=True).cpu(), x[:250].view(25, 10))]
+        result["x"] = torch.equal(x, pinned)  # the source is unchanged
+        """)
+    assert result["pinned"] == [True, False, True]
+    assert result["to_device"] and result["to_host"] and result["side"] and result["x"], result
+    assert result["queued"] == [4000, 8000], result  # the two pinned copies, queued without a wait
+    assert result["pageable"] == [True, True]
+    assert result["to_cpu"] == [True, True] and result["loader"] == [True, True], result

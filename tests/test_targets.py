@@ -163,3 +163,29 @@ def test_device_memory_exhausted_is_an_out_of_memory_error_and_loses_nothing():
     assert "neuron out of memory" in result["error"] and "device memory of neuron:0" in result["error"]
     assert "vulkan" in result["error"], result
     assert result["after"] == [0.0, 2.0, 4.0, 6.0, 8.0]
+
+
+def test_eval_runs_on_the_driver_it_is_given(tmp_path):
+    results = tmp_path / "unit.jsonl"
+    command = [sys.executable, "-m", "torchneuron.cli", "eval", "--stage", "unit", "--driver", "vulkan",
+               "--registry", os.path.join(os.path.dirname(target_vulkan.__file__), "..", "eval", "data",
+                                          "demo_registry.sqlite"),
+               "--ops", "aten.add.Tensor", "aten.mul.Tensor", "aten.gelu.default", "aten._softmax.default",
+               "--results", str(results)]
+    environment = dict(os.environ, TORCHNEURON_CACHE_DIR=str(tmp_path / "cache"))
+    environment.pop("TORCHNEURON_DRIVER", None)
+    out = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [json.loads(x) for x in results.read_text().splitlines()]
+    assert len(lines) == 8 and all(r["status"] == "pass" for r in lines), lines
+    # Each result was computed by Vulkan executables: the cache holds SPIR-V modules only.
+    vmfbs = glob.glob(str(tmp_path / "cache" / "exe" / "*" / "*.vmfb"))
+    assert vmfbs and all(target_check.mismatch(open(p, "rb").read(), "vulkan-spirv", ()) is None for p in vmfbs)
+    assert any(b"vulkan-spirv" in open(p, "rb").read() for p in vmfbs)
+
+
+def test_eval_refuses_a_driver_without_a_device_at_once():
+    out = subprocess.run([sys.executable, "-m", "torchneuron.cli", "eval", "--stage", "unit", "--driver", "cuda"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "cuda" in out.stderr and "cannot be used" in out.stderr, out.stderr

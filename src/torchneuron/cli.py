@@ -74,23 +74,34 @@ def _demo(args) -> int:
     return demo.main(["--steps", str(args.steps)])
 
 
-def _wait_for_compiles() -> None:
+def _evaluation_settings(args) -> str | None:
     """Evaluations compare compiled results: each op waits for its build
     instead of running on the host meanwhile (here and in the workers they
-    start), unless TORCHNEURON_COMPILE_WAIT says otherwise."""
+    start), unless TORCHNEURON_COMPILE_WAIT says otherwise. `--driver` runs
+    them on that IREE driver (the environment carries it to the workers).
+    Returns why the driver cannot be used, or None."""
+    if getattr(args, "driver", None):
+        os.environ["TORCHNEURON_DRIVER"] = args.driver
     import torchneuron
+    from torchneuron.hal import devices as hal
 
     os.environ.setdefault("TORCHNEURON_COMPILE_WAIT", "1")
     torchneuron.config.set(compile_wait=os.environ["TORCHNEURON_COMPILE_WAIT"] != "0")
+    if getattr(args, "driver", None):
+        torchneuron.config.set(driver=args.driver)
+    return hal.driver_problem(torchneuron.config.settings.driver) or hal.memory_problem()
 
 
 def _conformance(args) -> int:
     import shlex
 
+    problem = _evaluation_settings(args)
+    if problem:
+        print(f"conformance: {problem}", file=sys.stderr)
+        return 2
     import torchneuron
     from torchneuron.eval import conformance
 
-    _wait_for_compiles()
     ops = conformance.CI_OPS if args.ci else args.ops
     results = conformance.run(
         ops=ops, dtypes=args.dtypes, max_samples=args.max_samples, json_path=args.json, resume=args.resume
@@ -165,9 +176,12 @@ def _registry(args) -> int:
 
 
 def _eval(args) -> int:
+    problem = _evaluation_settings(args)
+    if problem:
+        print(f"eval: {problem}", file=sys.stderr)
+        return 2
     from torchneuron.eval import stages
 
-    _wait_for_compiles()
     return stages.run(args)
 
 
@@ -195,6 +209,8 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", default="docs/conformance.md")
     p.add_argument("--resume", action="store_true", help="keep results already in the JSON report")
     p.add_argument("--strict", action="store_true", help="exit 1 when any op fails")
+    p.add_argument("--driver", default=None,
+                   help="IREE driver to run on (local-task, vulkan, cuda, hip; default: TORCHNEURON_DRIVER)")
     p.set_defaults(fn=_conformance)
     p = sub.add_parser("compile-service", help="pool compiling for every torchneuron process on this host")
     p.add_argument("--listen", help="unix socket path or host:port (default: a unix socket in the cache directory)")
@@ -260,6 +276,8 @@ def main(argv=None) -> int:
     p.add_argument("--fresh", action="store_true", help="ignore results already in the results file")
     p.add_argument("--baseline", default=None, help="previous census report (default: docs/census.json)")
     p.add_argument("--report", action="store_true", help="full stage: write docs/census.md and docs/census.json")
+    p.add_argument("--driver", default=None,
+                   help="IREE driver to run on (local-task, vulkan, cuda, hip; default: TORCHNEURON_DRIVER)")
     p.set_defaults(fn=_eval)
     p = sub.add_parser("profile", help="run a script under torch.profiler: where its time went, with hints")
     p.add_argument("script")

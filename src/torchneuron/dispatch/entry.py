@@ -21,6 +21,7 @@ import time
 import torch
 
 from .. import _C, config, runtime, trace
+from ..runtime import transfers
 from ..lowering import NotCompilable
 from . import cached_launch, eager, host_fallback, math_bits, shape_recording, stats, warm_start
 from .op_info import METADATA_OPS, op_info
@@ -264,6 +265,9 @@ def _record_stream(tensor, stream):
 _CUDA_PARITY = {"aten.histc.default": _histc_of_integers, "aten.record_stream.default": _record_stream}
 
 
+_NON_BLOCKING_COPIES = frozenset({"aten._copy_from.default", "aten.copy_.default"})
+
+
 def _transfer(op, info, args, kwargs, device):
     if info.name == "aten._to_copy.default":
         # To another device: PyTorch's kernel allocates there and copies (back here).
@@ -288,6 +292,13 @@ def _transfer(op, info, args, kwargs, device):
                 return dst
             except (NotCompilable, eager.Compiling):
                 pass
+    if info.name in _NON_BLOCKING_COPIES:
+        # Pinned host memory: the copy is queued on the stream, not waited for.
+        src, dst = (args[0], args[1]) if info.name == "aten._copy_from.default" else (args[1], args[0])
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        if transfers.queued_copy(src, dst, non_blocking):
+            stats.record(stats.transfers, info.name)
+            return dst
     runtime.synchronize_all()
     stats.record(stats.transfers, info.name)
     watching = trace.sink

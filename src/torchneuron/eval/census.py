@@ -718,7 +718,8 @@ def run_one(model_type: str, cls_name: str, head: str, modes: list, record: str 
     import torchneuron
     from torchneuron.eval import registry
 
-    result = {"model": model_type, "class": cls_name, "head": head, "modes": {}}
+    result = {"model": model_type, "class": cls_name, "head": head, "modes": {},
+              "driver": torchneuron.config.settings.driver}
     first_error = None
     for variant in _VARIANTS:
         try:
@@ -806,6 +807,8 @@ def run_one(model_type: str, cls_name: str, head: str, modes: list, record: str 
             recorder.flush()
         if mode == "compile":
             entry["host_fallback_ops"] = sorted(torchneuron.fallback_ops())
+            # what ran as the target's executables (a host-path result proves nothing about the target)
+            entry["ops_compiled"] = torchneuron.execution_stats()["ops_compiled"]
         if compiled:
             dynamo = torchneuron.compile_stats()["dynamo"]
             entry["graphs_compiled"] = dynamo.get("graphs_compiled", 0)

@@ -187,6 +187,19 @@ class DeviceMemory:
             buffer=data,
         )
 
+    def import_pinned(self, start: int, size: int):
+        """A pinned host block (csrc/pinned_memory.cpp: page-aligned, whole
+        pages) as a buffer the device copies to and from in place. Imported
+        for each copy, not cached: the block may be freed and its pages
+        unmapped once the copy is done."""
+        rt = self._rt
+        host = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(start))
+        return self.device.allocator.import_host_allocation(
+            host,
+            int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE),
+            int(rt.BufferUsage.TRANSFER | rt.BufferUsage.DISPATCH_STORAGE),
+        )
+
     def buffer_at(self, address: int) -> tuple:
         """(HalBuffer, byte offset) of a live device address: what transfers copy to and from."""
         block, offset = self.block(address)

@@ -493,13 +493,18 @@ class DeviceQueue:
     def pending(self) -> int:
         return sum(len(lane.pending) for lane in (self.task, *self.side))
 
-    def submit(self, commands, keepalive, what: str) -> int:
-        """Queue a command buffer (a transfer) on the default stream's
-        timeline, after the launches queued before it; returns its timeline value."""
+    def submit(self, commands, keepalive, what: str, stream: int = 0) -> int:
+        """Queue a command buffer (a transfer) on a stream's timeline (the
+        default stream's unless given), after the launches queued before it;
+        `keepalive` is held until it is done; returns its timeline value."""
         rt = self.task._rt
-        lane = self.task
+        lane = self.timeline(stream)
         with self._lock:
-            after = rt.HalFence.create_at(lane.semaphore, lane.value)
+            waits = lane.waits
+            after = rt.HalFence(1 + len(waits))
+            after.insert(lane.semaphore, lane.value)
+            for semaphore, value in waits:  # events this stream waits for
+                after.insert(semaphore, value)
             lane.value += 1
             lane.pending.append((lane.value, keepalive, what, user_source_line(), None, next(_issued)))
             try:
@@ -508,6 +513,9 @@ class DeviceQueue:
                 lane.pending.pop()
                 lane.value -= 1
                 raise NeuronAsyncError(f"neuron: {what} on neuron:{self.index} failed: {e}") from e
+            if waits:
+                lane.waits = []
+                lane.waits_until = lane.value
             return lane.value
 
     def submit_and_wait(self, commands, what: str) -> None:

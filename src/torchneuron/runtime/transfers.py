@@ -30,12 +30,15 @@ def transfer_stats() -> dict:
     """Bytes and copies each way since start or the last reset_transfer_stats():
     host_to_device, device_to_host, device_to_device (bytes) and *_copies;
     index_check_bytes: the part of device_to_host that read the flags of
-    device-side index bound checks."""
+    device-side index bound checks; queued_copy_bytes: the part of both
+    that non_blocking copies of pinned host memory queued on a stream
+    without waiting."""
     counts = device_memory.counts()
     keys = ("host_to_device", "device_to_host", "device_to_device")
     out = {k: counts.get(k, 0) for k in keys}
     out.update({f"{k}_copies": counts.get(f"{k}_copies", 0) for k in keys})
     out["index_check_bytes"] = counts.get("index_checks", 0)  # of device_to_host: flags of index bound checks
+    out["queued_copy_bytes"] = counts.get("queued", 0)  # of both: non_blocking copies of pinned memory
     out["memory_model"] = memory_model_in_use()
     return out
 
@@ -94,6 +97,44 @@ def write_bytes(index: int, address: int, data: np.ndarray) -> None:
     # every stream sees the bytes, and the host array may change.
     queue.submit_and_wait(commands, "copy to the device")
     device_memory.count("host_to_device", data.size)
+
+
+def queued_copy(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool) -> bool:
+    """dst.copy_(src, non_blocking=True) between pinned host memory and the
+    device: queued on the current stream and not waited for, as CUDA does
+    (the host memory must not be changed, or read, until the stream has
+    passed the copy: synchronize the stream or wait for an event). False
+    where the copy must be done the ordinary, waited-for way: pageable host
+    memory, a cast, a broadcast, a strided side, or the unified model (whose
+    device memory is host memory: its copies are host copies, done at once)."""
+    if not non_blocking or not discrete():
+        return False
+    to_device = dst.device.type == "neuron"
+    host, device = (src, dst) if to_device else (dst, src)
+    if (host.device.type != "cpu" or device.device.type != "neuron" or src.dtype != dst.dtype
+            or src.shape != dst.shape or not src.is_contiguous() or not dst.is_contiguous()
+            or src.is_conj() or src.is_neg() or host.nbytes == 0):
+        return False
+    start, size = _C.pinned_block_of(host.data_ptr())
+    if size == 0:
+        return False
+    index = device.device.index
+    queues.queue_recorded(index, "a queued copy")  # recorded ops on this device come first
+    queue = queues.device_queue(index)
+    rt = _rt()
+    pinned = queue.memory.import_pinned(start, size)
+    buffer, offset = queue.memory.buffer_at(device.data_ptr())
+    nbytes, at = host.nbytes, host.data_ptr() - start
+    commands = rt.HalCommandBuffer(queue.task.device)
+    if to_device:
+        commands.copy(pinned, buffer, at, offset, nbytes, end=True)
+    else:
+        commands.copy(buffer, pinned, offset, at, nbytes, end=True)
+    what = "copy to the device" if to_device else "copy to the host"
+    queue.submit(commands, (pinned, src, dst), what, stream=_C.current_stream(index))
+    device_memory.count("host_to_device" if to_device else "device_to_host", nbytes)
+    device_memory.count("queued", nbytes)
+    return True
 
 
 def copy_addresses(dst: int, src: int, nbytes: int, index: int) -> None:
