@@ -80,9 +80,22 @@ def _child(steps: int, repeats: int) -> dict:
     host = torch.randn(16 << 20)
     dev = host.to("neuron")
     torch.neuron.synchronize()
+    pinned = host.pin_memory()
+    landing = torch.empty_like(host, pin_memory=True)
+
+    def pinned_to_device():
+        pinned.to("neuron", non_blocking=True)
+        torch.neuron.synchronize()
+
+    def pinned_to_host():
+        landing.copy_(dev, non_blocking=True)
+        torch.neuron.synchronize()
+
     times = time_interleaved({
         "to_device": lambda: host.to("neuron"),
         "to_host": lambda: dev.to("cpu"),
+        "pinned_to_device": pinned_to_device,
+        "pinned_to_host": pinned_to_host,
         "cpu_clone": lambda: host.clone(),
     }, repeats=repeats, inner=1, warmup=1)
     out["bandwidth_gb_s"] = {k: host.nbytes / v / 1e9 for k, v in times.items()}
@@ -131,11 +144,13 @@ def main() -> None:
         f"Demo GPT (2 layers, width 64, context 32, batch 8, AdamW) in op mode, each target in its own process "
         f"with CPU eager timed in the same process, alternating; steady steps after every executable was built "
         f"(medians of {2 * (args.steps - 2)} steps each). Bytes per step: what a steady step copied each way. "
-        f"Bandwidth: a 64 MiB float32 tensor copied each way (medians of {args.repeats}), beside a host clone.",
+        f"Bandwidth: a 64 MiB float32 tensor copied each way (medians of {args.repeats}), from pageable memory "
+        f"and from pinned memory with non_blocking=True (then synchronized), beside a host clone.",
         "",
         "| target | device | memory | demo step | CPU step | step / CPU | bytes in / out per step "
-        "| matmul 1024 | CPU matmul | matmul / CPU | to device | to host | host clone |",
-        "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| matmul 1024 | CPU matmul | matmul / CPU | to device | to host | pinned to device | pinned to host "
+        "| host clone |",
+        "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
         s, m, bw, moved = r["step_ms"], r["matmul_ms"], r["bandwidth_gb_s"], r["step_bytes"]
@@ -143,7 +158,8 @@ def main() -> None:
             f"| {name} | {r['device']} | {r['memory_model']} | {s['neuron']:.1f} ms | {s['cpu']:.1f} ms | "
             f"{s['neuron'] / s['cpu']:.2f}x | {moved['host_to_device']:.0f} B / {moved['device_to_host']:.0f} B | "
             f"{m['neuron']:.2f} ms | {m['cpu']:.2f} ms | {m['neuron'] / m['cpu']:.2f}x | "
-            f"{bw['to_device']:.2f} GB/s | {bw['to_host']:.2f} GB/s | {bw['cpu_clone']:.2f} GB/s |"
+            f"{bw['to_device']:.2f} GB/s | {bw['to_host']:.2f} GB/s | {bw['pinned_to_device']:.2f} GB/s | "
+            f"{bw['pinned_to_host']:.2f} GB/s | {bw['cpu_clone']:.2f} GB/s |"
         )
     lines += [
         "",
