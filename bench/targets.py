@@ -166,6 +166,12 @@ def main() -> None:
         "The unified model moves no bytes (device memory is host memory). On the discrete ones a steady step "
         "moves its batch in, its loss out, and the operands and results of its host-path ops (dropout masks "
         "come from PyTorch's CPU generator), plus a few bytes of index-check flags.",
+        "",
+        "Pinned copies land in host memory allocated once (a pageable `.to()` allocates and faults in a fresh "
+        "tensor each time, as the host clone does): a non_blocking copy between pinned memory and the device is "
+        "queued on the stream and imports the pinned block in place, without a staging copy. lavapipe runs "
+        "Vulkan compute on the CPU with IREE's baseline profile (32-bit compute, no subgroup operations; int64 "
+        "ops run on the host path): it stands in for a device with memory of its own in CI, not for speed.",
     ]
     publish(lines, args.write, "targets")
 
