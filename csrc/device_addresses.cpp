@@ -97,11 +97,7 @@ void release_device_address(void* ptr) {
 
 std::pair<uintptr_t, size_t> device_block_of(uintptr_t address) {
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = live_blocks.upper_bound(address);
-  if (it == live_blocks.begin()) return {0, 0};
-  --it;
-  if (address >= it->first + it->second) return {0, 0};
-  return {it->first, it->second};
+  return block_containing(live_blocks, address);
 }
 
 std::vector<std::pair<uintptr_t, size_t>> take_released_blocks() {

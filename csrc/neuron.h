@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,12 +73,21 @@ void* reserve_device_address(size_t nbytes);  // nullptr when the space is spent
 void release_device_address(void* ptr);
 std::pair<uintptr_t, size_t> device_block_of(uintptr_t address);  // (0, 0): none
 std::vector<std::pair<uintptr_t, size_t>> take_released_blocks();
+void set_device_copy_callback(std::function<void(uintptr_t, uintptr_t, size_t, c10::DeviceIndex)> fn);
+void copy_device_bytes(void* dst, const void* src, size_t nbytes, c10::DeviceIndex device);
 
 // Pinned host memory (pinned_memory.cpp).
 c10::Allocator* pinned_allocator();
 std::pair<uintptr_t, size_t> pinned_block_of(uintptr_t address);  // (0, 0): not pinned
-void set_device_copy_callback(std::function<void(uintptr_t, uintptr_t, size_t, c10::DeviceIndex)> fn);
-void copy_device_bytes(void* dst, const void* src, size_t nbytes, c10::DeviceIndex device);
+
+// The block of `blocks` (start -> length) holding `address`, or (0, 0); the caller holds their lock.
+inline std::pair<uintptr_t, size_t> block_containing(const std::map<uintptr_t, size_t>& blocks, uintptr_t address) {
+  auto it = blocks.upper_bound(address);
+  if (it == blocks.begin()) return {0, 0};
+  --it;
+  if (address >= it->first + it->second) return {0, 0};
+  return {it->first, it->second};
+}
 
 // A CPU tensor over a neuron tensor's memory (same sizes, strides, offset);
 // it keeps the neuron storage alive (module.cpp).

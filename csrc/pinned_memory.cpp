@@ -8,7 +8,6 @@
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
-#include <map>
 #include <mutex>
 
 namespace torchneuron {
@@ -53,11 +52,7 @@ c10::Allocator* pinned_allocator() { return &pinned_allocator_instance; }
 
 std::pair<uintptr_t, size_t> pinned_block_of(uintptr_t address) {
   std::lock_guard<std::mutex> lock(pinned_mutex);
-  auto it = pinned_blocks.upper_bound(address);
-  if (it == pinned_blocks.begin()) return {0, 0};
-  --it;
-  if (address >= it->first + it->second) return {0, 0};
-  return {it->first, it->second};
+  return block_containing(pinned_blocks, address);
 }
 
 }  // namespace torchneuron

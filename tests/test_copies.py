@@ -59,6 +59,12 @@ def test_pinned_memory_and_non_blocking_copies():
     torch.testing.assert_close(part, x[100:200])
 
 
+def test_pinned_memory_exhausted_is_an_out_of_memory_error():
+    with pytest.raises(torch.OutOfMemoryError, match="pinned host memory"):
+        torch.empty(2**50, dtype=torch.uint8, pin_memory=True)  # a PiB: more than the address space
+    assert torch.empty(8, pin_memory=True).is_pinned()  # and the allocator goes on
+
+
 def test_host_reads():
     n = torch.tensor([[1.5, 2.0], [3.0, 4.0]], device="neuron")
     assert n[0, 0].item() == 1.5

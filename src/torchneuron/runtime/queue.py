@@ -183,20 +183,30 @@ class Lane:
             raise NeuronAsyncError(f"neuron: {what} (issued at {source or user_source_line()}) failed: {e}") from e
         self.launches += 1
 
+    def fence_before_next(self):
+        """What the next submission on this timeline waits for: its last
+        value, and the other timelines' points it waits on (events)."""
+        waits = self.waits
+        if not waits:
+            return self._rt.HalFence.create_at(self.semaphore, self.value)
+        after = self._rt.HalFence(1 + len(waits))
+        after.insert(self.semaphore, self.value)
+        for semaphore, value in waits:
+            after.insert(semaphore, value)
+        return after
+
+    def waits_submitted(self) -> None:
+        """The event waits are in a submission: launches up to now depend on other timelines."""
+        self.waits = []
+        self.waits_until = self.value
+
     def invoke(self, context, fn, views, keepalive, what, source, flag) -> None:
         rt = self._rt
         args = rt.VmVariantList(len(views) + 2)
         for view in views:
             args.push_ref(view)
         waits = self.waits
-        if waits:
-            after = rt.HalFence(1 + len(waits))
-            after.insert(self.semaphore, self.value)
-            for semaphore, value in waits:
-                after.insert(semaphore, value)
-        else:
-            after = rt.HalFence.create_at(self.semaphore, self.value)
-        args.push_ref(after)
+        args.push_ref(self.fence_before_next())
         self.value += 1
         args.push_ref(rt.HalFence.create_at(self.semaphore, self.value))
         self.pending.append((self.value, keepalive, what, source, flag, next(_issued)))
@@ -207,8 +217,7 @@ class Lane:
             self.value -= 1
             raise NeuronAsyncError(f"neuron: launching {what} (issued at {source}) failed: {e}") from e
         if waits:
-            self.waits = []
-            self.waits_until = self.value
+            self.waits_submitted()
         self.launches += 1
 
     def reached(self) -> int:
@@ -501,10 +510,7 @@ class DeviceQueue:
         lane = self.timeline(stream)
         with self._lock:
             waits = lane.waits
-            after = rt.HalFence(1 + len(waits))
-            after.insert(lane.semaphore, lane.value)
-            for semaphore, value in waits:  # events this stream waits for
-                after.insert(semaphore, value)
+            after = lane.fence_before_next()
             lane.value += 1
             lane.pending.append((lane.value, keepalive, what, user_source_line(), None, next(_issued)))
             try:
@@ -514,8 +520,7 @@ class DeviceQueue:
                 lane.value -= 1
                 raise NeuronAsyncError(f"neuron: {what} on neuron:{self.index} failed: {e}") from e
             if waits:
-                lane.waits = []
-                lane.waits_until = lane.value
+                lane.waits_submitted()
             return lane.value
 
     def submit_and_wait(self, commands, what: str) -> None:
