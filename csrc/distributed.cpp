@@ -37,7 +37,7 @@ pybind11::tuple premul_sum(const pybind11::object& reduce_op) {
 }
 
 // The hot collectives (DDP's buckets, FSDP2's flat all-gathers and
-// reduce-scatters) in C++: the same three steps as the Python kernels of
+// reduce-scatters) in C++: the same steps as the Python kernels of
 // distributed/collectives.py (wait for the device, gloo on host aliases, the
 // neuron tensors back), without the ~40 us of boxing a Python kernel's
 // arguments costs per call, which is a third of a 1 MB all_reduce on 2 ranks.
@@ -61,6 +61,26 @@ std::vector<at::Tensor> ready(at::TensorList tensors) {
     guard.synchronizeDevice(index);
   }
   return aliases;
+}
+
+// The discrete memory model: the host has no alias of a neuron tensor, so
+// gloo gets host copies (values, or empty buffers for pure outputs) and what
+// it wrote is copied back once it has finished (collectives.py, _staged).
+bool staged() { return discrete_memory(); }
+
+at::Tensor host_copy(const at::Tensor& t, bool with_values) {
+  return with_values ? t.to(at::kCPU) : at::empty_like(t, t.options().device(at::kCPU));
+}
+
+// An op that reads `input` and writes `output`, run by gloo on host copies.
+template <typename Run>
+Work staged_output_of(at::Tensor& output, const at::Tensor& input, Run run) {
+  auto written = host_copy(output, false);
+  auto read = host_copy(input, true);
+  auto work = run(written, read);
+  work->wait();
+  output.copy_(written);
+  return work;
 }
 
 // A group made for neuron tensors only lends its neuron backend (a gloo) to
@@ -91,22 +111,39 @@ std::tuple<std::vector<at::Tensor>, Work> allreduce(at::TensorList tensors, cons
       t.mul_(factor);
     }
   }
-  auto aliases = ready(tensors);
   c10d::AllreduceOptions options;
   options.reduceOp = summed(reduce_op);
   options.timeout = std::chrono::milliseconds(timeout);
   options.asyncOp = async_op;
   options.sparseIndices = sparse_indices;
+  if (staged()) {
+    std::vector<at::Tensor> copies;
+    for (const auto& t : tensors) {
+      copies.push_back(host_copy(t, true));
+    }
+    auto work = cpu_backend(group)->allreduce(copies, options);
+    work->wait();
+    for (size_t i = 0; i < copies.size(); ++i) {
+      tensors[i].copy_(copies[i]);
+    }
+    return {tensors.vec(), work};
+  }
+  auto aliases = ready(tensors);
   auto work = cpu_backend(group)->allreduce(aliases, options);
   return {tensors.vec(), work};
 }
 
 std::tuple<at::Tensor, Work> allgather_base(at::Tensor& output, at::Tensor& input, const Group& group, bool async_op,
                                             int64_t timeout) {
-  auto aliases = ready({output, input});
   c10d::AllgatherOptions options;
   options.timeout = std::chrono::milliseconds(timeout);
   options.asyncOp = async_op;
+  if (staged()) {
+    return {output, staged_output_of(output, input, [&](at::Tensor& out, at::Tensor& in) {
+              return cpu_backend(group)->_allgather_base(out, in, options);
+            })};
+  }
+  auto aliases = ready({output, input});
   auto work = cpu_backend(group)->_allgather_base(aliases[0], aliases[1], options);
   return {output, work};
 }
@@ -116,11 +153,16 @@ std::tuple<at::Tensor, Work> reduce_scatter_base(at::Tensor& output, at::Tensor&
                                                  int64_t timeout) {
   // A scaled copy is reduced: the input is the caller's and stays as it is.
   const at::Tensor reduced = reduce_op->op_ == c10d::ReduceOp::PREMUL_SUM ? input * premul_factor(*reduce_op) : input;
-  auto aliases = ready({output, reduced});
   c10d::ReduceScatterOptions options;
   options.reduceOp = summed(reduce_op);
   options.timeout = std::chrono::milliseconds(timeout);
   options.asyncOp = async_op;
+  if (staged()) {
+    return {output, staged_output_of(output, reduced, [&](at::Tensor& out, at::Tensor& in) {
+              return cpu_backend(group)->_reduce_scatter_base(out, in, options);
+            })};
+  }
+  auto aliases = ready({output, reduced});
   auto work = cpu_backend(group)->_reduce_scatter_base(aliases[0], aliases[1], options);
   return {output, work};
 }

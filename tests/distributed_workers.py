@@ -121,7 +121,8 @@ def collectives(rank, world, port, out_dir, mode):
     torchneuron.set_eager_mode(mode)
     cpu = _collectives("cpu", rank, world)
     neuron = _collectives("neuron", rank, world)
-    torch.save({"cpu": cpu, "neuron": neuron}, os.path.join(out_dir, f"{rank}.pt"))
+    torch.save({"cpu": cpu, "neuron": neuron, "memory_model": torchneuron.transfer_stats()["memory_model"]},
+               os.path.join(out_dir, f"{rank}.pt"))
     dist.destroy_process_group()
 
 

@@ -260,20 +260,6 @@ def test_a_steady_training_step_moves_its_batch_loss_and_host_path_operands():
         assert stats["device_to_device"] == 0, stats
 
 
-def test_distributed_is_refused_plainly():
-    result = _run_discrete("""
-        import os, tempfile
-        import torch.distributed as dist
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
-        store = dist.FileStore(tempfile.mktemp(), 1)
-        try:
-            dist.init_process_group("neuron", store=store, rank=0, world_size=1)
-        except Exception as e:
-            result["error"] = str(e)
-        """)
-    assert "discrete memory model" in result["error"] and "unified" in result["error"], result
-
-
 def test_pinned_memory_copies_are_queued_on_the_stream():
     result = _run_discrete("""
         x = torch.randn(1000)

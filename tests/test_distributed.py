@@ -297,3 +297,41 @@ def test_functional_collectives_inside_a_compiled_graph_run_in_order_with_its_de
         stats = found["stats"]
         assert stats.get("graphs_fallback", 0) == 0, stats
         assert stats["graphs_around_kernels"] >= 3, stats  # forward, training forward and backward
+
+
+# The discrete memory model (a device with memory of its own, here the CPU
+# driver under TORCHNEURON_MEMORY=discrete): gloo works on host copies and
+# what it wrote is copied back (distributed/collectives.py).
+@pytest.fixture
+def discrete(monkeypatch):
+    monkeypatch.setenv("TORCHNEURON_MEMORY", "discrete")
+
+
+def test_every_collective_on_the_discrete_model_matches_gloo_on_cpu_tensors(tmp_path, discrete):
+    ranks = _spawn(workers.collectives, tmp_path, "op")
+    assert len(ranks) == WORLD
+    for rank, found in enumerate(ranks):
+        assert found["memory_model"] == "discrete"
+        assert set(found["neuron"]) == set(found["cpu"]) and len(found["cpu"]) == 21
+        for name, (cpu_results, cpu_inputs) in found["cpu"].items():
+            results, inputs = found["neuron"][name]
+            for got, want in zip(results, cpu_results):
+                torch.testing.assert_close(got, want, msg=f"rank {rank}: {name}")
+            for got, want in zip(inputs, cpu_inputs):
+                torch.testing.assert_close(got, want, msg=f"rank {rank}: {name} changed its input")
+    torch.testing.assert_close(ranks[0]["neuron"]["all_reduce sum"][0][0], ranks[1]["neuron"]["all_reduce sum"][0][0])
+
+
+def test_ddp_and_fsdp2_on_the_discrete_model_match_one_process(tmp_path, single_process_losses, discrete):
+    for name, worker, extra in (("ddp", workers.ddp, ()), ("fsdp2", workers.fsdp2, (True,))):
+        ranks = _spawn(worker, tmp_path / name, STEPS, *extra)
+        _assert_matches(_mean_over_ranks(ranks), single_process_losses["losses"], abs=1e-5)
+
+
+def test_a_checkpoint_saved_on_the_discrete_model_loads_and_training_resumes(tmp_path, discrete):
+    steps, more = 3, 2
+    ranks = _spawn(workers.checkpoint_save, tmp_path, steps, more)
+    _alone(workers.checkpoint_load, tmp_path, steps, more)
+    resumed = torch.load(tmp_path / "resumed.pt")["after"]
+    on_two = [sum(r["after"][k] for r in ranks) / len(ranks) for k in range(more)]
+    _assert_matches(resumed, on_two, abs=1e-5)

@@ -4,32 +4,21 @@
 `"cpu:gloo,neuron:neuron"` or plain `"gloo"` give neuron tensors collectives;
 DDP, FSDP2, DeviceMesh, DTensor and the functional collectives all reach them
 through PyTorch's c10d ops. The transport is gloo (it ships with torch); on
-the CPU target device memory is host memory, so gloo reads and writes the
-tensors' memory in place (collectives.py).
+the unified memory model (the CPU target) gloo reads and writes the tensors'
+memory in place, on the discrete one it works on host copies (collectives.py).
 """
 
 from __future__ import annotations
 
 import datetime
 
-import torch
-
 BACKEND = "neuron"
 
 
 def _create_backend(store, rank: int, size: int, timeout: datetime.timedelta):
     """The backend object the process group holds for neuron tensors: gloo,
-    which collectives.py drives with the tensors' host aliases."""
+    which collectives.py drives with the tensors' host aliases or copies."""
     from torch.distributed import ProcessGroupGloo
-
-    from .. import _C
-
-    if _C.discrete_memory():
-        raise RuntimeError(
-            "neuron: the c10d backend hands gloo the tensors' host memory, and on the discrete memory "
-            "model (a device with memory of its own, or TORCHNEURON_MEMORY=discrete) the host has none "
-            "to hand: distributed training needs the unified model (the CPU driver) so far"
-        )
 
     return ProcessGroupGloo(store, rank, size, timeout)
 

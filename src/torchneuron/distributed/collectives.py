@@ -16,6 +16,12 @@ dispatched on its tensors' device. The neuron kernel of each:
 3. returns the neuron tensors and gloo's Work: `wait()` returns once gloo
    has written them, and device work issued after it reads the results.
 
+On the discrete memory model (a device with memory of its own) the host has
+no alias of a neuron tensor: gloo gets host copies (the inputs' values, empty
+buffers for pure outputs), and once it has finished, what it wrote is copied
+back into the neuron tensors before the kernel returns; the Work it returns
+has completed. Each copy is a counted transfer (`transfer_stats()`).
+
 gloo has no PREMUL_SUM(f) (FSDP2 with a gradient divide factor): the inputs
 are scaled by f on the device and summed (the factor is read by csrc/distributed.cpp).
 
@@ -64,6 +70,109 @@ def _aliases(value, found: dict, devices: set):
     if isinstance(value, (list, tuple)):
         return type(value)(_aliases(v, found, devices) for v in value)
     return value
+
+
+# What each collective writes: the arguments copied back after gloo on the
+# discrete model; those listed in _READ_AND_WRITTEN are read first too.
+_WRITTEN = {
+    "allreduce_": "tensors", "allreduce_coalesced_": "tensors", "broadcast_": "tensors", "reduce_": "tensors",
+    "allgather_": "output_tensors", "_allgather_base_": "output_tensor", "allgather_coalesced_": "output_lists",
+    "allgather_into_tensor_coalesced_": "outputs", "reduce_scatter_": "output_tensors",
+    "_reduce_scatter_base_": "output_tensor", "reduce_scatter_tensor_coalesced_": "outputs",
+    "alltoall_": "output_tensors", "alltoall_base_": "output", "gather_": "output_tensors",
+    "scatter_": "output_tensors", "recv_": "tensors", "recv_any_source_": "tensors",
+}
+_READ_AND_WRITTEN = ("allreduce_", "allreduce_coalesced_", "broadcast_", "reduce_")
+
+
+def _host_copies(value, found: dict, with_values: bool):
+    """Neuron tensors (also in nested lists) -> host tensors gloo can use: the
+    tensors' values, or (pure outputs) empty buffers of their layout."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type != _NEURON:
+            return value
+        host = value.cpu() if with_values else torch.empty_like(value, device=_CPU)
+        found[id(host)] = (host, value)
+        return host
+    if isinstance(value, (list, tuple)):
+        return type(value)(_host_copies(v, found, with_values) for v in value)
+    return value
+
+
+def _copy_back(value, found: dict) -> None:
+    if isinstance(value, torch.Tensor):
+        entry = found.get(id(value))
+        if entry is not None and entry[0] is value:
+            entry[1].copy_(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _copy_back(v, found)
+
+
+def _works(result):
+    """The Work(s) a c10d op returned, as pybind objects."""
+    if isinstance(result, (list, tuple)):
+        return [w for value in result for w in _works(value)]
+    if isinstance(result, torch.ScriptObject):
+        return [torch._C._distributed_c10d.Work.unbox(result)]
+    return []
+
+
+class _ReceivedWork(torch._C._distributed_c10d.Work):
+    """A receive on the discrete model: wait() waits for gloo, then copies
+    what arrived into the neuron tensors. (A point-to-point Work of gloo's
+    counts completions: waiting on it twice waits for a second message, so
+    the kernel cannot wait for it and hand it on, and a receive that waited
+    inside its kernel would deadlock a program that receives before it sends.)"""
+
+    # Until waited on, each is kept here: c10d holds only its C++ half, and
+    # without the Python object its wait() would be c10d's own, which never ends.
+    _pending: set = set()
+
+    def __init__(self, inner, copies, found):
+        super().__init__()
+        self._inner, self._copies, self._found = inner, copies, found
+        _ReceivedWork._pending.add(self)
+
+    def wait(self, timeout=None):
+        if self._found is not None:
+            done = self._inner.wait() if timeout is None else self._inner.wait(timeout)
+            _copy_back(self._copies, self._found)
+            self._found = None
+            _ReceivedWork._pending.discard(self)
+            return done
+        return True
+
+    def is_completed(self):
+        if self._found is not None and self._inner.is_completed():
+            self.wait()  # (what arrived is in the neuron tensors once this says so)
+        return self._found is None
+
+    def source_rank(self):
+        return self._inner.source_rank()
+
+
+def _staged(op, name, names, args, kwargs):
+    """A collective on the discrete model: gloo on host copies, then what it
+    wrote copied back (see the module's docstring)."""
+    found: dict = {}
+    written = _WRITTEN.get(name)
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    host = {key: _host_copies(value, found, key != written or name in _READ_AND_WRITTEN)
+            for key, value in bound.items()}
+    _with_cpu_backend(bound["process_group"])
+    result = op(*(host[n] for n in names[: len(args)]), **{k: host[k] for k in kwargs})
+    if name == "send":  # gloo's Work holds the host copy until it is sent
+        return result
+    if name in ("recv_", "recv_any_source_"):
+        (work,) = _works(result)
+        return _ReceivedWork(work, host[written], found).boxed()
+    for work in _works(result):
+        work.wait()  # (a collective's Work of gloo's may be waited on again)
+    if written is not None:
+        _copy_back(host[written], found)
+    return _originals(result, found)
 
 
 def _originals(value, found: dict):
@@ -126,6 +235,8 @@ def _kernel(op):
         # (PyTorch passes the c10d ops' arguments by position.)
         if reduce_at is not None and reduce_at < len(args) and args[reduce_at].op() == _PREMUL_SUM:
             args = _premul_sum_as_sum(name, names, args)
+        if _C.discrete_memory():
+            return _staged(op, name, names, args, kwargs)
         found: dict = {}
         devices: set = set()
         host_args = _aliases(args, found, devices)
