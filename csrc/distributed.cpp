@@ -66,8 +66,6 @@ std::vector<at::Tensor> ready(at::TensorList tensors) {
 // The discrete memory model: the host has no alias of a neuron tensor, so
 // gloo gets host copies (values, or empty buffers for pure outputs) and what
 // it wrote is copied back once it has finished (collectives.py, _staged).
-bool staged() { return discrete_memory(); }
-
 at::Tensor host_copy(const at::Tensor& t, bool with_values) {
   return with_values ? t.to(at::kCPU) : at::empty_like(t, t.options().device(at::kCPU));
 }
@@ -116,7 +114,7 @@ std::tuple<std::vector<at::Tensor>, Work> allreduce(at::TensorList tensors, cons
   options.timeout = std::chrono::milliseconds(timeout);
   options.asyncOp = async_op;
   options.sparseIndices = sparse_indices;
-  if (staged()) {
+  if (discrete_memory()) {
     std::vector<at::Tensor> copies;
     for (const auto& t : tensors) {
       copies.push_back(host_copy(t, true));
@@ -138,7 +136,7 @@ std::tuple<at::Tensor, Work> allgather_base(at::Tensor& output, at::Tensor& inpu
   c10d::AllgatherOptions options;
   options.timeout = std::chrono::milliseconds(timeout);
   options.asyncOp = async_op;
-  if (staged()) {
+  if (discrete_memory()) {
     return {output, staged_output_of(output, input, [&](at::Tensor& out, at::Tensor& in) {
               return cpu_backend(group)->_allgather_base(out, in, options);
             })};
@@ -157,7 +155,7 @@ std::tuple<at::Tensor, Work> reduce_scatter_base(at::Tensor& output, at::Tensor&
   options.reduceOp = summed(reduce_op);
   options.timeout = std::chrono::milliseconds(timeout);
   options.asyncOp = async_op;
-  if (staged()) {
+  if (discrete_memory()) {
     return {output, staged_output_of(output, reduced, [&](at::Tensor& out, at::Tensor& in) {
               return cpu_backend(group)->_reduce_scatter_base(out, in, options);
             })};

@@ -110,6 +110,14 @@ def _collectives(device, rank, world):
     for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, y, source)]):
         work.wait()
     out["batch_isend_irecv"] = ([y], [x])
+    # Every rank posts its receive before it sends: a receive that waited
+    # inside its kernel would deadlock here.
+    x = _inputs(20 + rank, world).to(device)
+    y = torch.empty_like(x)
+    received = dist.irecv(y, src=source)
+    dist.send(x, dst=peer)
+    received.wait()
+    out["irecv before send"] = ([y], [x])
     return {name: (_cpu(results), _cpu(inputs)) for name, (results, inputs) in out.items()}
 
 

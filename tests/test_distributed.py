@@ -46,7 +46,7 @@ def test_every_collective_matches_gloo_on_cpu_tensors(tmp_path, mode):
     expected = {"all_reduce sum", "all_reduce product", "all_reduce min", "all_reduce max", "all_reduce avg",
                 "all_reduce band", "all_reduce bor", "all_reduce bxor", "all_reduce async", "broadcast", "reduce",
                 "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor avg", "all_to_all",
-                "all_to_all_single", "gather", "scatter", "send/recv", "batch_isend_irecv"}
+                "all_to_all_single", "gather", "scatter", "send/recv", "batch_isend_irecv", "irecv before send"}
     for rank, found in enumerate(ranks):
         assert set(found["neuron"]) == set(found["cpu"]) == expected
         for name, (cpu_results, cpu_inputs) in found["cpu"].items():
@@ -312,7 +312,7 @@ def test_every_collective_on_the_discrete_model_matches_gloo_on_cpu_tensors(tmp_
     assert len(ranks) == WORLD
     for rank, found in enumerate(ranks):
         assert found["memory_model"] == "discrete"
-        assert set(found["neuron"]) == set(found["cpu"]) and len(found["cpu"]) == 21
+        assert set(found["neuron"]) == set(found["cpu"]) and len(found["cpu"]) == 22
         for name, (cpu_results, cpu_inputs) in found["cpu"].items():
             results, inputs = found["neuron"][name]
             for got, want in zip(results, cpu_results):
