@@ -64,6 +64,27 @@ def test_info_lists_the_vulkan_device_and_its_memory_model():
     assert info["drivers"]["vulkan"]["memory"] == "discrete" and info["drivers"]["vulkan"]["devices"]
 
 
+def test_neuron_devices_beyond_the_physical_ones_share_them(tmp_path):
+    # lavapipe is one physical device: neuron:1 is it again, one HAL device
+    # for both (several logical Vulkan devices on one lost the device under
+    # load), and a program using both indices still runs and copies between them.
+    result = _run_on("vulkan", """
+        from torchneuron.hal import devices
+        x = torch.randn(64, 64)
+        a = x.to("neuron:0")
+        b = a.to("neuron:1")
+        result["same"] = torch.allclose((b @ b).cpu(), x @ x, atol=1e-4) and torch.equal(a.cpu(), x)
+        result["device"] = str(b.device)
+        created = devices.created_devices()
+        result["indices"] = sorted(created)
+        result["one_hal_device"] = created[0] is created[1]
+        result["names"] = [torch.neuron.get_device_name(i) for i in range(2)]
+        """, TORCHNEURON_CACHE_DIR=str(tmp_path), TORCHNEURON_DEVICE_COUNT="2")
+    assert result["same"] and result["device"] == "neuron:1", result
+    assert result["indices"] == [0, 1] and result["one_hal_device"], result
+    assert result["names"][0] == result["names"][1] and "llvmpipe" in result["names"][0], result
+
+
 def test_training_runs_compiled_on_vulkan_and_matches_cpu(tmp_path):
     result = _run_on("vulkan", _TRAIN, TORCHNEURON_CACHE_DIR=str(tmp_path))
     losses = result["losses"]
@@ -105,6 +126,22 @@ def test_a_small_gpt_trains_on_vulkan_like_cpu(tmp_path):
     assert result["stats"]["ops_on_host_fallback"] < result["stats"]["ops_compiled"] / 10, result["stats"]
 
 
+def test_a_small_gpt_trains_under_torch_compile_on_vulkan_like_cpu(tmp_path):
+    # One graph forward and one backward, each a Vulkan executable: their
+    # embeddings' int64 index checks compile (see the int64 test below).
+    result = _run_on("vulkan", """
+        from torchneuron.models import GPTConfig, train_gpt
+        cfg = GPTConfig(n_embd=32, n_layer=1, block_size=16, dropout=0.0)
+        result["neuron"] = train_gpt("neuron", 3, cfg=cfg, batch=4, compile_backend="neuron")
+        result["cpu"] = train_gpt("cpu", 3, cfg=cfg, batch=4)
+        result["dynamo"] = torchneuron.compile_stats()["dynamo"]
+        result["fallback"] = torchneuron.fallback_ops()
+        """, TORCHNEURON_CACHE_DIR=str(tmp_path))
+    assert max(abs(a - b) for a, b in zip(result["neuron"], result["cpu"])) < 1e-4, result
+    assert result["dynamo"]["graphs_compiled"] >= 2 and "graphs_fallback" not in result["dynamo"], result
+    assert result["fallback"] == {}, result
+
+
 def test_an_entry_compiled_for_another_target_is_never_loaded(tmp_path):
     # Fill a cache on Vulkan, then plant CPU executables under its keys, each
     # a consistent entry (size and checksum match), as a copied directory
@@ -143,8 +180,34 @@ def test_vulkan_code_assumes_only_what_the_device_reports():
     # A device that does not report 64-bit types gets code without them: such
     # ops fail to compile and run on the host path, never emulated wrongly.
     assert "cap:Float64" not in target_vulkan.features_of(other).split(",")
-    # No named profile: those assume a subgroup size (wrong sums on others).
-    assert f"--iree-vulkan-target={target_vulkan.BASELINE}" in target_vulkan.flags(lavapipe)
+    # No named profile: those assume a subgroup size (wrong sums on others);
+    # the compute widths follow the device's own capabilities.
+    lava_target = target_vulkan.target_description(lavapipe)
+    assert f'arch = "{target_vulkan.BASELINE}"' in lava_target and "subgroup = none" in lava_target
+    assert "compute = fp64|fp32|int64|int32|int16|int8," in lava_target, lava_target
+    assert "compute = fp32|int32|int8," in target_vulkan.target_description(other)
+    assert any(lava_target in flag for flag in target_vulkan.flags(lavapipe))
+
+
+def test_int64_arithmetic_runs_compiled_on_vulkan_beyond_32_bits(tmp_path):
+    # IREE emulates 64-bit integers with 32-bit pairs unless the target's
+    # compute widths include int64, and that emulation failed on fused
+    # dispatches (a GPT's embedding with its index check); lavapipe has Int64.
+    result = _run_on("vulkan", """
+        torch.manual_seed(0)
+        x = torch.randint(-2**40, 2**40, (500,))
+        y = torch.randint(1, 2**20, (500,))
+        xn, yn = x.to("neuron"), y.to("neuron")
+        ops = {"mul": lambda a, b: a * b, "floordiv": lambda a, b: a // b, "rem": lambda a, b: a % b,
+               "sum": lambda a, b: a.sum(), "cumsum": lambda a, b: a.cumsum(0), "shift": lambda a, b: a >> 3,
+               "clamp_gather": lambda a, b: b.clamp(0, 499)[a.abs() % 500]}
+        result["same"] = {name: torch.equal(f(xn, yn).cpu(), f(x, y)) for name, f in ops.items()}
+        result["xn_kept"] = torch.equal(xn.cpu(), x) and torch.equal(yn.cpu(), y)
+        result["stats"] = torchneuron.execution_stats()
+        result["fallback"] = torchneuron.fallback_ops()
+        """, TORCHNEURON_CACHE_DIR=str(tmp_path))
+    assert all(result["same"].values()) and result["xn_kept"], result
+    assert result["fallback"] == {} and result["stats"]["ops_compiled"] >= 10, result
 
 
 def test_device_memory_exhausted_is_an_out_of_memory_error_and_loses_nothing():

@@ -15,11 +15,21 @@ from __future__ import annotations
 import re
 
 _TARGET = re.compile(rb'#hal\.executable\.target<"([\w-]+)", "[\w-]+", \{([^>]*)')
+_FEATURES = rb'features = "([^"]*)"'
 _FIELD = {
     # flag -> (what it is, the field of the embedded target that records it)
     "--iree-llvmcpu-target-cpu=": ("CPU", rb'cpu = "([^"]*)"'),
-    "--iree-vulkan-target-features=": ("Vulkan features", rb'features = "([^"]*)"'),
+    # (a device target written out in full: its own features field)
+    "--iree-hal-target-device=": ("Vulkan features", _FEATURES),
 }
+
+
+def _wanted(flag: str, prefix: str, field: bytes) -> str | None:
+    value = flag[len(prefix):]
+    if prefix == "--iree-hal-target-device=":
+        found = re.search(field, value.encode())
+        return found.group(1).decode() if found else None
+    return value
 
 
 def mismatch(vmfb: bytes, backend: str, flags: tuple) -> str | None:
@@ -32,7 +42,7 @@ def mismatch(vmfb: bytes, backend: str, flags: tuple) -> str | None:
             for prefix, (name, field) in _FIELD.items():
                 if flag.startswith(prefix):
                     recorded = re.search(field, details)
-                    wanted = flag[len(prefix):]
-                    if recorded is not None and recorded.group(1).decode() != wanted:
+                    wanted = _wanted(flag, prefix, field)
+                    if recorded is not None and wanted is not None and recorded.group(1).decode() != wanted:
                         return f"compiled for {name} {recorded.group(1).decode()!r}, not {wanted!r}"
     return None

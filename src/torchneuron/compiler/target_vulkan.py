@@ -5,10 +5,12 @@ on a device whose subgroups differ the code runs and computes wrong values
 (measured: a 4096-element sum gave NaN on lavapipe, whose subgroups are 8
 wide, under the rdna3 profile). So every device gets IREE's baseline profile
 (no subgroup operations) with the capabilities the device itself reports
-(`dump_device_info`), which go into the flags and so into the cache key: an
-executable is only ever served to a device with what its code assumes. A
-type the device lacks (float64 or int64 where not reported) fails to
-compile, and the op runs on the host path, reported, never computed wrong.
+(`dump_device_info`), and the compute widths those grant, written out as
+the device target in full; they go into the flags and so into the cache
+key: an executable is only ever served to a device with what its code
+assumes. A type the device lacks (float64 or int64 where not reported)
+fails to compile, and the op runs on the host path, reported, never
+computed wrong.
 """
 
 from __future__ import annotations
@@ -71,10 +73,48 @@ def features_of(info: dict) -> str:
     return ",".join(found)
 
 
+# SPIR-V capability -> the compute and storage bit widths IREE's target
+# description grants with it. IREE decides from `compute`, not from the
+# capabilities, whether to emulate 64-bit integers with 32-bit pairs, and its
+# emulation fails on vectorized fused dispatches (`vector.broadcast (i64) ->
+# vector<1xi64>` left illegal: an index bound check fused with a clamp, the
+# embedding of a GPT); a device with Int64 computes them natively instead.
+_WIDTHS = {
+    "cap:Float64": ("fp64", "b64"),
+    "cap:Int64": ("int64", "b64"),
+    "cap:Int16": ("int16", None),
+    "cap:Int8": ("int8", None),
+    "cap:StorageBuffer16BitAccess": (None, "b16"),
+    "cap:StorageBuffer8BitAccess": (None, "b8"),
+}
+_ORDER = ("fp64", "fp32", "fp16", "int64", "int32", "int16", "int8", "b64", "b32", "b16", "b8")
+
+
+def target_description(info: dict) -> str:
+    """IREE's description of the device (`#iree_gpu.target`): the baseline
+    profile's limits, no subgroup operations, with the bit widths of the
+    device's own capabilities."""
+    features = features_of(info)
+    compute, storage = {"fp32", "int32"}, {"b32"}
+    for capability in features.split(","):
+        widths = _WIDTHS.get(capability, (None, None))
+        compute.update(w for w in widths[:1] if w)
+        storage.update(w for w in widths[1:] if w)
+    compute_bits = "|".join(w for w in _ORDER if w in compute)
+    storage_bits = "|".join(w for w in _ORDER if w in storage)
+    return (f'#iree_gpu.target<arch = "{BASELINE}", features = "{features}", wgp = <compute = {compute_bits}, '
+            f"storage = {storage_bits}, subgroup = none, subgroup_size_choices = [64], "
+            "max_workgroup_sizes = [128, 128, 64], max_thread_count_per_workgroup = 128, "
+            "max_workgroup_memory_bytes = 16384, max_workgroup_counts = [65535, 65535, 65535]>>")
+
+
 def flags(info: dict | None = None) -> tuple:
+    """The device target written out in full: IREE's flags name a profile and
+    add capabilities, but keep the profile's 32-bit compute widths."""
     info = info or device_info()
+    executable = (f'#hal.executable.target<"vulkan-spirv", "vulkan-spirv-fb", '
+                  f"{{iree_codegen.target_info = {target_description(info)}}}>")
     return (
         "--iree-input-demote-f64-to-f32=false",
-        f"--iree-vulkan-target={BASELINE}",
-        f"--iree-vulkan-target-features={features_of(info)}",
+        f'--iree-hal-target-device=#hal.device.target<"vulkan", [{executable}]> : !hal.device',
     )

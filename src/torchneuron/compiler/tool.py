@@ -63,7 +63,9 @@ def _command(input_type: str = "auto", target_backends=(), extra_args=()) -> lis
                 input_type=input_type, target_backends=list(target_backends), extra_args=list(extra_args)))
     command = [_tool("iree-compile"), "-", f"--iree-input-type={input_type}",
                "--iree-vm-bytecode-module-output-format=flatbuffer-binary"]
-    command += [f"--iree-hal-target-backends={b}" for b in target_backends]
+    if not any(arg.startswith("--iree-hal-target-device=") for arg in extra_args):
+        # (a device target written out in full replaces the backend's defaults)
+        command += [f"--iree-hal-target-backends={b}" for b in target_backends]
     if "llvm-cpu" in target_backends:
         command.append(f"--iree-llvmcpu-embedded-linker-path={_tool('iree-lld')}")
     return command + ["--mlir-print-debuginfo", "--mlir-print-op-on-diagnostic=false", *extra_args]

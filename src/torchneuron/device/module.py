@@ -200,7 +200,10 @@ def get_device_name(device=None) -> str:
     from ..hal import devices
 
     names = devices.device_names(config.settings.driver)
-    return f"neuron (IREE {config.settings.driver}: {names[0]})" if names else f"neuron (IREE {config.settings.driver})"
+    if not names:
+        return f"neuron (IREE {config.settings.driver})"
+    # neuron:i is physical device i; indices beyond them share them in turn (hal/devices.py)
+    return f"neuron (IREE {config.settings.driver}: {names[device_index(device) % len(names)]})"
 
 
 def get_device_properties(device=None):

@@ -123,11 +123,30 @@ def hal_device(index: int):
 
             _set_workers(ireert, driver)
             try:
-                device = ireert.get_driver(driver).create_default_device()
+                device = _create(ireert, driver, index)
             except Exception as e:  # noqa: BLE001 - IREE raises plain RuntimeError/ValueError
                 raise RuntimeError(f"neuron: cannot create a device on driver {driver!r}: {e}") from e
             _devices[index] = device
         return device
+
+
+def _create(ireert, driver: str, index: int):
+    """neuron:index's HAL device. On the CPU drivers each index gets a device
+    of its own (the host has room for as many as asked). On a driver with
+    physical devices, neuron:i is physical device i, the way cuda:i is; indices
+    beyond the devices present (TORCHNEURON_DEVICE_COUNT above the count, to
+    run multi-device programs on one GPU) share them in turn, one HAL device
+    per physical device: several logical devices on one physical device
+    (lavapipe, found in the test suite) lost the device under load."""
+    iree_driver = ireert.get_driver(driver)
+    if driver in UNIFIED_DRIVERS:
+        return iree_driver.create_default_device()
+    infos = iree_driver.query_available_devices()
+    physical = index % len(infos)
+    for other, device in _devices.items():
+        if other % len(infos) == physical:
+            return device
+    return iree_driver.create_device(infos[physical])
 
 
 _workers_set = False
