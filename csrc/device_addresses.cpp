@@ -49,8 +49,6 @@ bool discrete_memory() { return discrete.load(std::memory_order_relaxed); }
 void set_discrete_memory(bool on) {
   if (on == discrete_memory()) return;
   TORCH_CHECK(!allocated_any.load(), "neuron: the memory model cannot change once device memory was allocated");
-  TORCH_CHECK(!on || !memory_guards_enabled(),
-              "neuron: guarded memory (TORCHNEURON_CHECK_MEMORY) needs the unified memory model");
   discrete.store(on);
 }
 

@@ -8,6 +8,7 @@
 #include <torch/extension.h>
 
 #include <atomic>
+#include <optional>
 #include <vector>
 
 namespace torchneuron {
@@ -191,6 +192,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("check_memory_guards_at", [as_tuples](const std::vector<uintptr_t>& addresses) {
     return as_tuples(check_memory_guards_at(addresses));
   });
+  auto regions_as_tuples = [](const std::vector<GuardRegion>& regions) {
+    pybind11::list out;
+    for (const auto& r : regions) {
+      out.append(pybind11::make_tuple(r.address, r.nbytes, static_cast<int>(r.device), r.where, r.start, r.length,
+                                      static_cast<int>(r.value), r.offset));
+    }
+    return out;
+  };
+  m.def("guard_regions", [regions_as_tuples](std::optional<std::vector<uintptr_t>> addresses, bool thorough) {
+    return regions_as_tuples(guard_regions(addresses ? &*addresses : nullptr, thorough));
+  }, pybind11::arg("addresses") = pybind11::none(), pybind11::arg("thorough") = false);
+  m.def("take_blocks_to_poison", [regions_as_tuples]() { return regions_as_tuples(take_blocks_to_poison()); });
   m.def("host_alias", &host_alias);
   m.def("set_discrete_memory", &set_discrete_memory);
   m.def("discrete_memory", &discrete_memory);

@@ -63,6 +63,19 @@ void* guarded_allocate(size_t nbytes, c10::DeviceIndex device);  // nullptr when
 bool guarded_free(void* ptr);  // false: not a guarded allocation
 std::vector<GuardViolation> check_memory_guards(bool thorough);
 std::vector<GuardViolation> check_memory_guards_at(const std::vector<uintptr_t>& addresses);
+// The discrete model's guards, read and written by the runtime with transfers:
+struct GuardRegion {
+  uintptr_t address;   // the allocation's start
+  int64_t nbytes;      // its size
+  c10::DeviceIndex device;
+  const char* where;
+  uintptr_t start;     // the bytes that must all be `value`
+  size_t length;
+  unsigned char value;
+  int64_t offset;      // of `start`, from the allocation's start
+};
+std::vector<GuardRegion> guard_regions(const std::vector<uintptr_t>* addresses, bool thorough);
+std::vector<GuardRegion> take_blocks_to_poison();
 
 // The discrete memory model (device_addresses.cpp): storages get opaque
 // device addresses, and the Python runtime keeps the device buffer behind each.

@@ -31,6 +31,8 @@ _MAX_RANK = 8
 _HELPER_TARGETS = {"local-task": "llvm-cpu", "local-sync": "llvm-cpu", "vulkan": "vulkan-spirv",
                    "cuda": "cuda", "hip": "rocm"}
 _MAX_VIEWS_PER_BLOCK = 256
+# Guarded memory's guard byte (csrc/memory_guards.cpp: 0xFD) as a 4-byte fill pattern.
+_GUARD_WORD = np.array([0xFDFDFDFD], np.uint32)
 
 
 def _helper_source() -> str:
@@ -97,7 +99,11 @@ class DeviceMemory:
                 let_go_of_released()
                 block = self.blocks.get(start)
                 if block is None or block.length != length:
-                    block = self.blocks[start] = _Block(self._allocate(length), length)
+                    buffer = self._allocate(length)
+                    if config.settings.check_memory:
+                        # guarded memory: the block's guards (around the storage) start as guard bytes
+                        self._run_now(lambda commands: commands.fill(buffer, _GUARD_WORD, 0, length))
+                    block = self.blocks[start] = _Block(buffer, length)
         return block, address - start
 
     def _allocate(self, length: int):
@@ -152,21 +158,68 @@ class DeviceMemory:
             self._empty = self._allocate(256)
         return self._rt.HalBufferView(self._empty, shape, self.element_types[dtype])
 
+    def _run_now(self, record) -> None:
+        """Record commands with `record(command_buffer)` and run them at
+        once, outside any timeline: for memory no queued work uses."""
+        rt = self._rt
+        commands = rt.HalCommandBuffer(self.device)
+        record(commands)
+        commands.end()
+        semaphore = self.device.create_semaphore(0)
+        self.device.queue_execute(commands, rt.HalFence(0), rt.HalFence.create_at(semaphore, 1))
+        semaphore.wait(1)
+
     def read_now(self, address: int, nbytes: int) -> np.ndarray:
         """Copy `nbytes` at a device address to the host at once, outside any
         timeline: for memory whose writer is known done (a finished launch's
         index flag)."""
-        rt = self._rt
         buffer, offset = self.buffer_at(address)
         staging = self.staging_for_reading(nbytes)
-        commands = rt.HalCommandBuffer(self.device)
-        commands.copy(buffer, staging, offset, 0, nbytes, end=True)
-        semaphore = self.device.create_semaphore(0)
-        self.device.queue_execute(commands, rt.HalFence(0), rt.HalFence.create_at(semaphore, 1))
-        semaphore.wait(1)
+        self._run_now(lambda commands: commands.copy(buffer, staging, offset, 0, nbytes))
         count("device_to_host", nbytes)
         count("index_checks", nbytes)  # the one reader: a launch's index flag
         return staging.map().asarray((nbytes,), np.dtype(np.uint8)).copy()
+
+    def read_regions(self, regions: list) -> list:
+        """The bytes of each (address, length) in one submission (guarded
+        memory's checks: runtime/memory_guards.py)."""
+        places = [self.buffer_at(address) for address, _ in regions]
+        total = sum(length for _, length in regions)
+        staging = self.staging_for_reading(max(total, 1))
+
+        def record(commands):
+            at = 0
+            for (buffer, offset), (_, length) in zip(places, regions):
+                commands.copy(buffer, staging, offset, at, length)
+                at += length
+
+        self._run_now(record)
+        count("device_to_host", total)
+        count("memory_guards", total)
+        data = staging.map().asarray((max(total, 1),), np.dtype(np.uint8)).copy()
+        out, at = [], 0
+        for _, length in regions:
+            out.append(data[at:at + length])
+            at += length
+        return out
+
+    def write_regions(self, regions: list) -> None:
+        """Fill each (address, length, byte value) in one submission: copies
+        from a host buffer of the bytes, as fills need 4-byte alignment on
+        some targets (Vulkan) and guards start anywhere."""
+        places = [self.buffer_at(address) for address, _, _ in regions]
+        data = np.concatenate([np.full(length, value, np.uint8) for _, length, value in regions])
+        staging = self.staging_with(data)
+
+        def record(commands):
+            at = 0
+            for (buffer, offset), (_, length, _) in zip(places, regions):
+                commands.copy(staging, buffer, at, offset, length)
+                at += length
+
+        self._run_now(record)
+        count("host_to_device", len(data))
+        count("memory_guards", len(data))
 
     def staging_for_reading(self, nbytes: int):
         """A host buffer the device can copy into and the host can map."""
@@ -245,6 +298,11 @@ def existing(index: int) -> DeviceMemory:
     if memory is None:
         raise RuntimeError(f"neuron:{index} has no device memory in use yet")
     return memory
+
+
+def in_use(index: int) -> DeviceMemory | None:
+    """The device memory of neuron:index, or None before the device's first use."""
+    return _memories.get(index)
 
 
 def let_go_of_released() -> None:

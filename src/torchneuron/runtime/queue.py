@@ -419,6 +419,7 @@ class DeviceQueue:
         with self._lock:
             # Streams that wait for another one are not waited for: it may be held back.
             self._drain([t for t in (self.task, *self.side) if t.independent()])
+            memory_guards.poison_freed()  # before a stale write could land in what was freed
             started = time.time_ns() if watching is not None else 0
             if lane.inline:
                 lane.run_inline(context, fn, views, what, source)

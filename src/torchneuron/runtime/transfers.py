@@ -32,13 +32,15 @@ def transfer_stats() -> dict:
     index_check_bytes: the part of device_to_host that read the flags of
     device-side index bound checks; queued_copy_bytes: the part of both
     that non_blocking copies of pinned host memory queued on a stream
-    without waiting."""
+    without waiting; memory_guard_bytes: the part of both that guarded
+    memory (TORCHNEURON_CHECK_MEMORY) read and wrote around allocations."""
     counts = device_memory.counts()
     keys = ("host_to_device", "device_to_host", "device_to_device")
     out = {k: counts.get(k, 0) for k in keys}
     out.update({f"{k}_copies": counts.get(f"{k}_copies", 0) for k in keys})
     out["index_check_bytes"] = counts.get("index_checks", 0)  # of device_to_host: flags of index bound checks
     out["queued_copy_bytes"] = counts.get("queued", 0)  # of both: non_blocking copies of pinned memory
+    out["memory_guard_bytes"] = counts.get("memory_guards", 0)  # of both: guarded memory's checks
     out["memory_model"] = memory_model_in_use()
     return out
 
