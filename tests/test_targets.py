@@ -210,6 +210,36 @@ def test_int64_arithmetic_runs_compiled_on_vulkan_beyond_32_bits(tmp_path):
     assert result["fallback"] == {} and result["stats"]["ops_compiled"] >= 10, result
 
 
+def test_guarded_memory_names_a_write_past_a_tensor_on_vulkan(tmp_path):
+    # The guards are Vulkan device memory, read and restored with transfers.
+    result = _run_on("vulkan", """
+        from torchneuron.compiler import compile_mlir
+        from torchneuron.dispatch.op_info import op_info
+        from torchneuron.lowering import lower_call, signature_of
+        from torchneuron.runtime import LoadedExecutable, device_queue
+        from torchneuron.runtime.memory_guards import NeuronMemoryError
+        op = torch.ops.aten.zero_.default
+        info = op_info(op)
+        mlir = lower_call(op, info, signature_of(op, info, (torch.ones(32, device="neuron"),), {})).mlir
+        exe = LoadedExecutable(compile_mlir(mlir, "zero_")[0], "test", "zero_(float32[32])")
+        small = torch.ones(13, device="neuron")
+        queue = device_queue(0)
+        try:
+            queue.launch(exe, [queue.task.import_memory(small, 0, (32,), torch.float32)], [small], "zero_(float32[32])")
+        except NeuronMemoryError as e:
+            result["error"] = str(e)
+        result["small"] = small.cpu().sum().item()
+        x, w = torch.randn(6, 6), torch.randn(6, 3, requires_grad=True)
+        wn = w.detach().to("neuron").requires_grad_()
+        (x @ w).tanh().sum().backward()
+        (x.to("neuron") @ wn).tanh().sum().backward()
+        result["grads"] = torch.allclose(wn.grad.cpu(), w.grad, atol=1e-5)
+        result["guard_bytes"] = torchneuron.transfer_stats()["memory_guard_bytes"]
+        """, TORCHNEURON_CACHE_DIR=str(tmp_path), TORCHNEURON_CHECK_MEMORY="1")
+    assert "a 52-byte allocation" in result["error"] and "past its end (first changed byte at offset 52)" in result["error"]
+    assert result["small"] == 0.0 and result["grads"] and result["guard_bytes"] > 0, result
+
+
 def test_device_memory_exhausted_is_an_out_of_memory_error_and_loses_nothing():
     # lavapipe's one memory heap takes at most 2 GiB in one allocation.
     result = _run_on("vulkan", """
