@@ -142,6 +142,34 @@ def test_a_small_gpt_trains_under_torch_compile_on_vulkan_like_cpu(tmp_path):
     assert result["fallback"] == {}, result
 
 
+def test_float32_moments_run_compiled_on_vulkan_like_cpu(tmp_path):
+    # torch-mlir computes a float32 variance in float64; IREE's SPIR-V code for
+    # that reduction crashed lavapipe (64x2048: a segfault in the shader). On
+    # GPU targets the moments are float32, as PyTorch's CUDA kernels keep them.
+    result = _run_on("vulkan", """
+        torch.manual_seed(0)
+        x = torch.randn(64, 2048)
+        xn = x.to("neuron")
+        result["var"] = (xn.var(1).cpu() - x.var(1)).abs().max().item()
+        v, m = torch.var_mean(xn, 1, correction=0, keepdim=True)
+        rv, rm = torch.var_mean(x, 1, correction=0, keepdim=True)
+        result["var_mean"] = max((v.cpu() - rv).abs().max().item(), (m.cpu() - rm).abs().max().item())
+        g = torch.randn(2, 256, 16, 16, requires_grad=True)
+        w, b = torch.randn(256, requires_grad=True), torch.randn(256, requires_grad=True)
+        gn, wn, bn = [t.detach().to("neuron").requires_grad_() for t in (g, w, b)]
+        y, yn = torch.nn.functional.group_norm(g, 32, w, b), torch.nn.functional.group_norm(gn, 32, wn, bn)
+        result["group_norm"] = (yn.cpu() - y).abs().max().item()
+        y.square().mean().backward()
+        yn.square().mean().backward()
+        result["grads"] = [((t.grad - tn.grad.cpu()).abs().max() / t.grad.abs().max()).item()
+                           for t, tn in ((g, gn), (w, wn), (b, bn))]
+        result["kept"] = torch.equal(xn.cpu(), x) and torch.equal(gn.detach().cpu(), g.detach())
+        result["fallback"] = torchneuron.fallback_ops()
+        """, TORCHNEURON_CACHE_DIR=str(tmp_path), TORCHNEURON_DEVICE_COUNT="1")
+    assert result["var"] < 1e-5 and result["var_mean"] < 1e-5 and result["group_norm"] < 1e-4, result
+    assert max(result["grads"]) < 1e-4 and result["kept"] and result["fallback"] == {}, result
+
+
 def test_an_entry_compiled_for_another_target_is_never_loaded(tmp_path):
     # Fill a cache on Vulkan, then plant CPU executables under its keys, each
     # a consistent entry (size and checksum match), as a copied directory

@@ -10,9 +10,9 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
-from .rules import (amp, convolution_backward, convolution_products, double_evaluation, float_division, hyperbolic,
-                    interpolation_backward, linalg, long_convolutions, long_sums, nan_propagation, rnn_cells,
-                    softmax_rows, special, split_k, tensor_ops, trigonometry)
+from .rules import (amp, convolution_backward, convolution_products, double_evaluation, float32_moments,
+                    float_division, hyperbolic, interpolation_backward, linalg, long_convolutions, long_sums,
+                    nan_propagation, rnn_cells, softmax_rows, special, split_k, tensor_ops, trigonometry)
 
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -360,10 +360,12 @@ def decomposition_table() -> dict:
         for op, rule in module.decompositions().items():
             table[op] = _first_of(rule, table[op]) if op in table else rule
     table[torch.ops.aten.neg.default] = _negate_integers
+    moments = float32_moments.decompositions()  # float32 moments in float32 on GPU targets
     for op in (torch.ops.aten.native_layer_norm.default, torch.ops.aten.native_group_norm.default):
-        table[op] = _normalization_in_float32(op)
+        table[op] = _first_of(_normalization_in_float32(op), moments[op]) if op in moments \
+            else _normalization_in_float32(op)
     for op in (torch.ops.aten.var.correction, torch.ops.aten.var_mean.correction):
-        table[op] = _in_float32(op, None)  # CPU's moments accumulate in float32 too
+        table[op] = _in_float32(op, moments[op])  # CPU's moments accumulate in float32 too
     table[torch.ops.aten._log_softmax.default] = _log_softmax_as_cpu(table[torch.ops.aten._log_softmax.default])
     for op in (torch.ops.aten._softmax.default, torch.ops.aten._log_softmax.default):
         table[op] = softmax_rows.rows_in_groups(table[op])

@@ -56,8 +56,11 @@ def _read(stream):
 
 class _Worker:
     def __init__(self):
+        from .. import config
+
         env = dict(os.environ)
         env["TORCHNEURON_LOWERING_WORKER"] = "1"
+        env["TORCHNEURON_DRIVER"] = config.settings.driver  # lowering differs by target (rules/float32_moments.py)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "torchneuron.lowering.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
