@@ -170,6 +170,31 @@ def test_float32_moments_run_compiled_on_vulkan_like_cpu(tmp_path):
     assert max(result["grads"]) < 1e-4 and result["kept"] and result["fallback"] == {}, result
 
 
+def test_depthwise_convolutions_on_vulkan_match_cpu(tmp_path):
+    # IREE's SPIR-V code for linalg's depthwise convolutions was wrong on
+    # lavapipe (7.0 off for a [2, 16, 12] * [16, 1, 3] one); GPU targets run
+    # them as a multiply-add per kernel tap (lowering/rules/depthwise_taps.py).
+    result = _run_on("vulkan", """
+        F = torch.nn.functional
+        torch.manual_seed(0)
+        errors = {}
+        for name, xs, ws, kw in [("1d", (2, 16, 12), (16, 1, 3), {"padding": 1}),
+                                 ("1d_dilated", (2, 16, 12), (16, 1, 3), {"dilation": 3, "padding": 3}),
+                                 ("2d_strided", (2, 16, 10, 10), (16, 1, 3, 3), {"padding": 1, "stride": 2})]:
+            conv = F.conv1d if len(xs) == 3 else F.conv2d
+            x, w, b = torch.randn(*xs, requires_grad=True), torch.randn(*ws, requires_grad=True), torch.randn(16)
+            xn, wn = [t.detach().to("neuron").requires_grad_() for t in (x, w)]
+            y, yn = conv(x, w, b, groups=16, **kw), conv(xn, wn, b.to("neuron"), groups=16, **kw)
+            y.square().sum().backward()
+            yn.square().sum().backward()
+            errors[name] = max((yn.cpu() - y).abs().max().item(), (xn.grad.cpu() - x.grad).abs().max().item(),
+                               ((wn.grad.cpu() - w.grad).abs().max() / w.grad.abs().max()).item())
+        result["errors"] = errors
+        result["fallback"] = torchneuron.fallback_ops()
+        """, TORCHNEURON_CACHE_DIR=str(tmp_path), TORCHNEURON_DEVICE_COUNT="1")
+    assert max(result["errors"].values()) < 1e-4 and result["fallback"] == {}, result
+
+
 def test_an_entry_compiled_for_another_target_is_never_loaded(tmp_path):
     # Fill a cache on Vulkan, then plant CPU executables under its keys, each
     # a consistent entry (size and checksum match), as a copied directory

@@ -10,7 +10,7 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
-from .rules import (amp, convolution_backward, convolution_products, double_evaluation, float32_moments,
+from .rules import (amp, convolution_backward, convolution_products, depthwise_taps, double_evaluation, float32_moments,
                     float_division, hyperbolic, interpolation_backward, linalg, long_convolutions, long_sums,
                     nan_propagation, rnn_cells, softmax_rows, special, split_k, tensor_ops, trigonometry)
 
@@ -372,7 +372,8 @@ def decomposition_table() -> dict:
     table[torch.ops.aten.gelu.default] = _gelu_tanh
     table[torch.ops.aten.elu.default] = _elu_with_expm1
     table.update(split_k.rules())
-    table[torch.ops.aten.convolution.default] = _first_of(convolution_products.convolution,
+    table[torch.ops.aten.convolution.default] = _first_of(depthwise_taps.convolution,  # GPU targets only
+                                                          convolution_products.convolution,
                                                           long_convolutions.convolution,
                                                           convolution_backward.grouped_transposed_convolution)
     table.update(convolution_backward.rules())

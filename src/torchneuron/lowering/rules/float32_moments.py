@@ -18,16 +18,9 @@ import math
 
 import torch
 
-from ... import config
+from ..target import gpu_target
 
 aten = torch.ops.aten
-
-# Drivers whose code is IREE's CPU codegen: float64 moments, as PyTorch's CPU kernels.
-_CPU_DRIVERS = ("local-task", "local-sync")
-
-
-def _on_gpu_target() -> bool:
-    return config.settings.driver not in _CPU_DRIVERS
 
 
 def _dims(x, dim) -> list:
@@ -51,7 +44,7 @@ def _var_mean(x, dim, correction, keepdim):
 
 
 def _applies(x) -> bool:
-    return _on_gpu_target() and isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.numel() > 0
+    return gpu_target() and isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.numel() > 0
 
 
 def var(x, dim=None, *, correction=None, keepdim=False):

@@ -25,23 +25,30 @@ def output_sizes(x, kernel, stride, padding, dilation) -> list:
 def windows(x, kernel, stride, padding, dilation, out_sizes):
     """x's windows, [N, C, K, P] (K the kernel's offsets, P the output
     positions): one strided slice of the padded input per kernel offset."""
-    n = len(kernel)
-    pads = []
-    for i in reversed(range(n)):
-        pads += [padding[i], padding[i]]
-    padded = aten.constant_pad_nd.default(x, pads, 0.0) if any(padding) else x
-    slices = []
-    for offset in _offsets(kernel):
-        part = padded
-        for i in range(n):
-            start = offset[i] * dilation[i]
-            part = aten.slice.Tensor(part, 2 + i, start, start + (out_sizes[i] - 1) * stride[i] + 1, stride[i])
-        slices.append(part)
+    padded = padded_input(x, padding)
+    slices = [tap_slice(padded, offset, stride, dilation, out_sizes) for offset in kernel_offsets(kernel)]
     stacked = aten.stack.default(slices, 2)
     return aten.reshape.default(stacked, [x.shape[0], x.shape[1], len(slices), math.prod(out_sizes)])
 
 
-def _offsets(kernel):
+def padded_input(x, padding):
+    """x with `padding` zeros on both sides of each spatial dimension."""
+    pads = []
+    for i in reversed(range(len(padding))):
+        pads += [padding[i], padding[i]]
+    return aten.constant_pad_nd.default(x, pads, 0.0) if any(padding) else x
+
+
+def tap_slice(padded, offset, stride, dilation, out_sizes):
+    """The elements of the padded input one kernel offset meets, [N, C, *out_sizes]."""
+    part = padded
+    for i in range(len(offset)):
+        start = offset[i] * dilation[i]
+        part = aten.slice.Tensor(part, 2 + i, start, start + (out_sizes[i] - 1) * stride[i] + 1, stride[i])
+    return part
+
+
+def kernel_offsets(kernel):
     offsets = [[]]
     for k in kernel:
         offsets = [o + [j] for o in offsets for j in range(k)]
