@@ -4,13 +4,24 @@ never a later crash. Each case runs in its own process: the guards are set
 before the first allocation. On the discrete memory model (issue 48) the
 guards are device memory, written and read with transfers."""
 
-MODELS = ["unified", "discrete"]
-
 import os
 
 import pytest
 
 from test_persistent_cache import run_python
+
+MODELS = ["unified", "discrete"]
+
+# After a stale write: the next synchronization reports it, once, and the
+# device stays usable.
+_SYNC_THEN_USE = """
+        try:
+            torch.neuron.synchronize()
+        except NeuronMemoryError as e:
+            print("ERROR", e)
+        x = torch.ones(4, device="neuron") * 3
+        print("AFTER", x.sum().item())
+"""
 
 _GUARDED = {"TORCHNEURON_CHECK_MEMORY": "1"}
 
@@ -63,13 +74,7 @@ def test_a_write_into_freed_memory_is_found_at_the_next_sync():
         address = t.data_ptr()
         del t
         ctypes.memset(address + 8, 0, 4)  # a stale pointer's write
-        try:
-            torch.neuron.synchronize()
-        except NeuronMemoryError as e:
-            print("ERROR", e)
-        x = torch.ones(4, device="neuron") * 3
-        print("AFTER", x.sum().item())
-    """
+    """ + _SYNC_THEN_USE
     out = _run(code)
     assert "ERROR" in out and "after it was freed (first changed byte at offset 8)" in out
     assert "AFTER 12.0" in out  # reported once; the device stays usable
@@ -95,12 +100,7 @@ def test_an_executable_writing_into_freed_memory_is_found_at_the_next_sync(memor
         del t
         queue = device_queue(0)
         queue.launch(exe, [queue.task.import_at(address + 64, (16,), torch.float32)], [], "stale", None, queue.task)
-        try:
-            torch.neuron.synchronize()
-        except NeuronMemoryError as e:
-            print("ERROR", e)
-        x = torch.ones(4, device="neuron") * 3
-        print("AFTER", x.sum().item())
+    """ + _SYNC_THEN_USE + """
         print("STATS", torchneuron.transfer_stats()["memory_guard_bytes"] > 0)
     """
     out = _run(code, memory=memory)
