@@ -53,7 +53,8 @@ def _check(addresses, thorough: bool) -> list:
     poison_freed()
     by_device = defaultdict(list)
     for region in _C.guard_regions(addresses, thorough):
-        by_device[region[2]].append(region)
+        if region[5]:  # an empty allocation's poison has no bytes
+            by_device[region[2]].append(region)
     violations = []
     for device, regions in by_device.items():
         memory = device_memory.in_use(device)
