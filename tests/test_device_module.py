@@ -114,7 +114,8 @@ def test_device_workers_setting_sizes_the_task_pool(workers):
         "names = [open(f'/proc/self/task/{t}/comm').read() for t in os.listdir('/proc/self/task')]\n"
         "print(sum(n.startswith('iree-worker') for n in names))\n"
     )
-    env = dict(os.environ, TORCHNEURON_DEVICE_WORKERS=str(workers))
+    # the task pool is the local-task driver's (the suite may run on another driver)
+    env = dict(os.environ, TORCHNEURON_DEVICE_WORKERS=str(workers), TORCHNEURON_DRIVER="local-task")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == str(workers)

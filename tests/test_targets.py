@@ -195,6 +195,27 @@ def test_depthwise_convolutions_on_vulkan_match_cpu(tmp_path):
     assert max(result["errors"].values()) < 1e-4 and result["fallback"] == {}, result
 
 
+def test_long_scans_on_vulkan_match_cpu(tmp_path):
+    # IREE's SPIR-V scans went wrong past about 16k elements (a cumsum of 65536
+    # had only its first element right, in every dtype); GPU targets scan in
+    # blocks (lowering/rules/long_scans.py), in blocks of blocks past 4096^2.
+    result = _run_on("vulkan", """
+        torch.manual_seed(0)
+        checks = {}
+        for name, x, dim, scan in [
+                ("float32", torch.randn(65536), 0, torch.cumsum),
+                ("int32_rows", (torch.randn(2, 40000) * 10).int(), 1, torch.cumsum),
+                ("float16_columns", torch.randn(20000, 3).half(), 0, torch.cumsum),
+                ("cumprod", 1 + torch.randn(5000) / 1000, 0, torch.cumprod),
+                ("blocks_of_blocks", torch.randn(4096 * 4096 + 5), 0, torch.cumsum)]:
+            want, got = scan(x, dim), scan(x.to("neuron"), dim).cpu()
+            checks[name] = got.dtype == want.dtype and torch.allclose(got.double(), want.double(), rtol=1e-3, atol=1e-2)
+        result["checks"] = checks
+        result["fallback"] = torchneuron.fallback_ops()
+        """, TORCHNEURON_CACHE_DIR=str(tmp_path), TORCHNEURON_DEVICE_COUNT="1")
+    assert all(result["checks"].values()) and result["fallback"] == {}, result
+
+
 def test_an_entry_compiled_for_another_target_is_never_loaded(tmp_path):
     # Fill a cache on Vulkan, then plant CPU executables under its keys, each
     # a consistent entry (size and checksum match), as a copied directory

@@ -11,8 +11,8 @@ import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
 from .rules import (amp, convolution_backward, convolution_products, depthwise_taps, double_evaluation, float32_moments,
-                    float_division, hyperbolic, interpolation_backward, linalg, long_convolutions, long_sums,
-                    nan_propagation, rnn_cells, softmax_rows, special, split_k, tensor_ops, trigonometry)
+                    float_division, hyperbolic, interpolation_backward, linalg, long_convolutions, long_scans,
+                    long_sums, nan_propagation, rnn_cells, softmax_rows, special, split_k, tensor_ops, trigonometry)
 
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -349,8 +349,9 @@ def decomposition_table() -> dict:
     for op in (torch.ops.aten.sum.default, torch.ops.aten.sum.dim_IntList, torch.ops.aten.mean.default,
                torch.ops.aten.mean.dim, torch.ops.aten.linalg_vector_norm.default):
         table[op] = long_sums.in_blocks(op, _accumulate_in_float32(op))
+    scans = long_scans.decompositions()  # GPU targets only
     for op in (torch.ops.aten.cumsum.default, torch.ops.aten.cumprod.default):
-        table[op] = _scan_as_cpu(op)
+        table[op] = _first_of(_scan_as_cpu(op), scans[op])
     # float32 only (NotImplemented otherwise: traced as the op); float16 and
     # bfloat16 reach them through _in_float32 below.
     table.update(trigonometry.decompositions())

@@ -2,7 +2,7 @@
 codegen or a GPU's (Vulkan's SPIR-V, CUDA, ROCm). A few ops lower
 differently on GPU targets, where PyTorch's own kernels compute them
 differently or IREE's GPU code for them was wrong (rules/float32_moments.py,
-rules/depthwise_taps.py). The lowering worker is started with the process's
+rules/depthwise_taps.py, rules/long_scans.py). The lowering worker is started with the process's
 driver (worker.py), and a cache key holds the lowered program, so the two
 never mix."""
 
