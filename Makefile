@@ -43,15 +43,18 @@ PYTEST := $(PY) -m pytest -n 2 --dist loadfile
 # The device, copy, view, autograd, training, dtype, error, memory, index
 # bound and stream tests, and the conformance subset, again under the
 # discrete memory model on the CPU driver (storages are device buffers the
-# host reaches only through transfers), then the view and copy tests on
-# Vulkan (lavapipe, Mesa's software Vulkan driver: a device with memory of
-# its own, no GPU; tests/test_targets.py trains on it in the main run).
-# Vulkan compiles take about 1.5 s an op: the set is kept small.
+# host reaches only through transfers), then again on Vulkan (lavapipe,
+# Mesa's software Vulkan driver: a device with memory of its own, no GPU;
+# tests/test_targets.py trains on it in the main run). Vulkan compiles take
+# about 1.5 s an op: the in-place, dispatch and ownership tests run on the
+# discrete model only.
 DISCRETE_TESTS := tests/test_views.py tests/test_copies.py tests/test_in_place.py tests/test_dtypes.py \
 	tests/test_autograd_training.py tests/test_memory.py tests/test_index_bounds.py tests/test_streams.py \
 	tests/test_errors.py tests/test_device_module.py tests/test_dispatch.py tests/test_memory_ownership.py \
 	tests/test_conformance.py
-VULKAN_TESTS := tests/test_views.py tests/test_copies.py
+VULKAN_TESTS := tests/test_views.py tests/test_copies.py tests/test_device_module.py tests/test_autograd_training.py \
+	tests/test_dtypes.py tests/test_errors.py tests/test_memory.py tests/test_index_bounds.py tests/test_streams.py \
+	tests/test_conformance.py
 
 test: setup vulkan-driver
 	$(PYTEST) tests

@@ -60,6 +60,20 @@ class _Block:
         self.views: dict = {}  # (offset, shape, dtype) -> HalBufferView
 
 
+class FlagCopy:
+    """A launch's index flag copied to host memory, once its timeline has
+    passed the copy (DeviceMemory.copy_out)."""
+
+    __slots__ = ("staging", "nbytes", "dtype")
+
+    def __init__(self, staging, nbytes: int, dtype: torch.dtype):
+        self.staging, self.nbytes, self.dtype = staging, nbytes, dtype
+
+    def host(self) -> torch.Tensor:
+        data = self.staging.map().asarray((self.nbytes,), np.dtype(np.uint8)).copy()
+        return torch.from_numpy(data).view(self.dtype)
+
+
 class DeviceMemory:
     """The device buffers of one neuron device's storages."""
 
@@ -168,6 +182,18 @@ class DeviceMemory:
         semaphore = self.device.create_semaphore(0)
         self.device.queue_execute(commands, rt.HalFence(0), rt.HalFence.create_at(semaphore, 1))
         semaphore.wait(1)
+
+    def copy_out(self, address: int, nbytes: int, dtype: torch.dtype) -> tuple:
+        """(command buffer, FlagCopy): commands that copy `nbytes` at a device
+        address to host memory, for a timeline to queue after the launch that
+        writes them (a launch's index flag: runtime/queue.py)."""
+        buffer, offset = self.buffer_at(address)
+        staging = self.staging_for_reading(nbytes)
+        commands = self._rt.HalCommandBuffer(self.device)
+        commands.copy(buffer, staging, offset, 0, nbytes, end=True)
+        count("device_to_host", nbytes)
+        count("index_checks", nbytes)
+        return commands, FlagCopy(staging, nbytes, dtype)
 
     def read_now(self, address: int, nbytes: int) -> np.ndarray:
         """Copy `nbytes` at a device address to the host at once, outside any

@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import _C, config, trace
 from ..hal.devices import hal_device, inline_device
-from ..memory.device_memory import device_memory
+from ..memory.device_memory import FlagCopy, device_memory
 from . import memory_guards
 from .errors import NeuronAsyncError, user_source_line
 
@@ -219,6 +219,25 @@ class Lane:
         if waits:
             self.waits_submitted()
         self.launches += 1
+        if flag is not None and self.memory is not None:
+            self._queue_flag_read(flag, what, source)
+
+    def _queue_flag_read(self, flag, what, source) -> None:
+        """On the discrete model a launch's index flag is copied to host
+        memory on this timeline, right after the launch, and its retire
+        reads that copy. (Read at retire by a submission of its own, running
+        beside the work queued since, it lost lavapipe's device under load:
+        VK_ERROR_DEVICE_LOST in a training step.) The launch's entry waits
+        for the copy."""
+        commands, copy = self.memory.copy_out(flag.data_ptr(), flag.numel() * flag.element_size(), flag.dtype)
+        after = self._rt.HalFence.create_at(self.semaphore, self.value)
+        _, keepalive, _, _, _, order = self.pending.pop()
+        self.value += 1
+        self.pending.append((self.value, (keepalive, flag), what, source, copy, order))
+        try:
+            self.device.queue_execute(commands, after, self._rt.HalFence.create_at(self.semaphore, self.value))
+        except Exception as e:  # noqa: BLE001 - the launch is queued: its flag cannot be read
+            raise NeuronAsyncError(f"neuron: reading the index check of {what} (issued at {source}) failed: {e}") from e
 
     def reached(self) -> int:
         try:
@@ -252,12 +271,16 @@ class Lane:
         """Whether a finished launch set its index flag."""
         if self.memory is None:
             return bool(_C.host_alias(flag).any())
+        if isinstance(flag, FlagCopy):
+            return bool(flag.host().any())
         return bool(self.memory.read_now(flag.data_ptr(), flag.numel()).any())
 
     def host_flag(self, flag):
         """A finished launch's flag tensor, on the host."""
         if self.memory is None:
             return _C.host_alias(flag)
+        if isinstance(flag, FlagCopy):
+            return flag.host()
         import torch
 
         return torch.from_numpy(self.memory.read_now(flag.data_ptr(), flag.numel())).view(flag.dtype)
