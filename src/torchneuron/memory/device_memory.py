@@ -175,10 +175,13 @@ class DeviceMemory:
     def _run_now(self, record) -> None:
         """Record commands with `record(command_buffer)` and run them at
         once, outside any timeline: for memory no queued work uses."""
-        rt = self._rt
-        commands = rt.HalCommandBuffer(self.device)
+        commands = self._rt.HalCommandBuffer(self.device)
         record(commands)
         commands.end()
+        self._execute_now(commands)
+
+    def _execute_now(self, commands) -> None:
+        rt = self._rt
         semaphore = self.device.create_semaphore(0)
         self.device.queue_execute(commands, rt.HalFence(0), rt.HalFence.create_at(semaphore, 1))
         semaphore.wait(1)
@@ -199,12 +202,9 @@ class DeviceMemory:
         """Copy `nbytes` at a device address to the host at once, outside any
         timeline: for memory whose writer is known done (a finished launch's
         index flag)."""
-        buffer, offset = self.buffer_at(address)
-        staging = self.staging_for_reading(nbytes)
-        self._run_now(lambda commands: commands.copy(buffer, staging, offset, 0, nbytes))
-        count("device_to_host", nbytes)
-        count("index_checks", nbytes)  # the one reader: a launch's index flag
-        return staging.map().asarray((nbytes,), np.dtype(np.uint8)).copy()
+        commands, copy = self.copy_out(address, nbytes, torch.uint8)
+        self._execute_now(commands)
+        return copy.host().numpy()
 
     def read_regions(self, regions: list) -> list:
         """The bytes of each (address, length) in one submission (guarded

@@ -230,14 +230,14 @@ class Lane:
         VK_ERROR_DEVICE_LOST in a training step.) The launch's entry waits
         for the copy."""
         commands, copy = self.memory.copy_out(flag.data_ptr(), flag.numel() * flag.element_size(), flag.dtype)
-        after = self._rt.HalFence.create_at(self.semaphore, self.value)
+        try:
+            self.device.queue_execute(commands, self._rt.HalFence.create_at(self.semaphore, self.value),
+                                      self._rt.HalFence.create_at(self.semaphore, self.value + 1))
+        except Exception:  # noqa: BLE001 - not queued: the retire reads the flag itself (flag_set)
+            return
         _, keepalive, _, _, _, order = self.pending.pop()
         self.value += 1
         self.pending.append((self.value, (keepalive, flag), what, source, copy, order))
-        try:
-            self.device.queue_execute(commands, after, self._rt.HalFence.create_at(self.semaphore, self.value))
-        except Exception as e:  # noqa: BLE001 - the launch is queued: its flag cannot be read
-            raise NeuronAsyncError(f"neuron: reading the index check of {what} (issued at {source}) failed: {e}") from e
 
     def reached(self) -> int:
         try:
