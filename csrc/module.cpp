@@ -149,6 +149,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return d;
   });
   m.def("empty_cache", [](int i) { empty_cache(static_cast<c10::DeviceIndex>(i)); });
+  m.def("mem_get_info", [](int i) { return memory_info(static_cast<c10::DeviceIndex>(i)); });
   m.def("reset_peak_memory", [](int i) { reset_peak_memory(static_cast<c10::DeviceIndex>(i)); });
   m.def("set_memory_limit", [](int i, int64_t bytes) {
     set_memory_limit(static_cast<c10::DeviceIndex>(i), bytes);

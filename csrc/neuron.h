@@ -46,6 +46,8 @@ MemoryStats memory_stats(c10::DeviceIndex index);
 void reset_peak_memory(c10::DeviceIndex index);
 void set_memory_limit(c10::DeviceIndex index, int64_t bytes);
 void empty_cache(c10::DeviceIndex index);  // frees the blocks kept for reuse
+void reset_allocation_counts(c10::DeviceIndex index);
+std::pair<size_t, size_t> memory_info(c10::DeviceIndex index);  // (free, total) bytes
 c10::Allocator* neuron_allocator();
 
 // Guarded memory (memory_guards.cpp): guard bytes around every allocation,

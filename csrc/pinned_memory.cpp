@@ -5,6 +5,7 @@
 // block (IREE's Vulkan driver imports host memory only at page boundaries).
 #include "neuron.h"
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
@@ -26,7 +27,10 @@ void free_pinned(void* ptr) {
   std::free(ptr);
 }
 
-struct PinnedAllocator final : c10::Allocator {
+// An at::HostAllocator, registered for neuron, so that torch.accelerator's
+// host-memory functions (empty_host_cache, host_memory_stats) work on neuron.
+// Nothing is cached: a freed block goes straight back to the host.
+struct PinnedAllocator final : at::HostAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     const size_t size = (std::max<size_t>(nbytes, 1) + kPage - 1) / kPage * kPage;
     void* ptr = nullptr;
@@ -42,9 +46,24 @@ struct PinnedAllocator final : c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
+  // A queued copy holds its block until it retires (runtime): no event needed.
+  bool record_event(void* /*ptr*/, void* /*ctx*/, c10::Stream /*stream*/) override { return true; }
+  void empty_cache() override {}
+  at::HostStats get_stats() override {
+    at::HostStats stats;
+    std::lock_guard<std::mutex> lock(pinned_mutex);
+    int64_t bytes = 0;
+    for (const auto& [start, size] : pinned_blocks) bytes += static_cast<int64_t>(size);
+    stats.active_requests.current = stats.allocations.current = static_cast<int64_t>(pinned_blocks.size());
+    stats.active_bytes.current = stats.allocated_bytes.current = bytes;
+    return stats;
+  }
+  void reset_accumulated_stats() override {}
+  void reset_peak_stats() override {}
 };
 
 PinnedAllocator pinned_allocator_instance;
+REGISTER_HOST_ALLOCATOR(c10::DeviceType::PrivateUse1, &pinned_allocator_instance);
 
 }  // namespace
 

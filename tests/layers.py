@@ -32,7 +32,7 @@ LAYERS = (
     ("device", "profiler", "distributed", "service", "models"),  # surfaces
     ("registration",),  # the composition root: registers the device, wires the layers
     ("torchneuron",),  # the public API
-    ("demo", "eval"),  # programs over the public API: the demo, the evaluation system
+    ("demo", "eval", "vllm"),  # programs over the public API: the demo, the evaluation system, vLLM's platform
     ("cli",),
 )
 

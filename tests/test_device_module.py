@@ -39,6 +39,37 @@ def test_accelerator_api():
     assert s.device == torch.device("neuron:0")
 
 
+def test_accelerator_memory_functions_read_the_neuron_allocator():
+    # torch.accelerator's memory functions (vLLM's loader and workers call
+    # them) reach neuron's allocator as they reach CUDA's.
+    torch.accelerator.empty_cache()
+    before = torch.accelerator.memory_allocated(1)
+    assert before == torch.neuron.memory_allocated(1)
+    torch.accelerator.reset_peak_memory_stats(1)
+    x = torch.empty(1 << 20, dtype=torch.uint8, device="neuron:1")
+    assert torch.accelerator.memory_allocated(1) == before + (1 << 20) == torch.neuron.memory_allocated(1)
+    assert torch.accelerator.max_memory_allocated(1) == before + (1 << 20)
+    stats = torch.accelerator.memory_stats(1)
+    assert stats["allocated_bytes.all.current"] == before + (1 << 20)
+    assert stats["allocation.all.current"] == torch.neuron.memory_stats(1)["allocation.all.current"]
+    del x
+    assert torch.accelerator.memory_allocated(1) == before
+    assert torch.accelerator.max_memory_allocated(1) == before + (1 << 20)
+    torch.accelerator.reset_peak_memory_stats(1)
+    assert torch.accelerator.max_memory_allocated(1) == before
+    free, total = torch.accelerator.get_memory_info(1)
+    assert (free, total) == torch.neuron.mem_get_info(1) and 0 < free <= total
+    try:  # with a limit the device is that big
+        torch.neuron.set_memory_limit(before + (64 << 20), 1)
+        torch.accelerator.empty_cache()
+        assert torch.accelerator.get_memory_info(1) == (64 << 20, before + (64 << 20))
+    finally:
+        torch.neuron.set_memory_limit(0, 1)
+    pinned = torch.ones(100).pin_memory()
+    torch.accelerator.empty_host_cache()  # neuron's host allocator: nothing cached, nothing lost
+    assert pinned.is_pinned() and pinned.sum().item() == 100
+
+
 def test_streams_and_events():
     s = torch.Stream(device="neuron")
     assert s.device_type == torch._C._autograd.DeviceType.PrivateUse1 or s.device.type == "neuron"

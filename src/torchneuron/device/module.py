@@ -11,6 +11,7 @@ from ..memory import (  # noqa: F401 - re-exported as torch.neuron.*
     empty_cache,
     max_memory_allocated,
     memory_allocated,
+    mem_get_info,
     memory_limit,
     memory_reserved,
     memory_stats,

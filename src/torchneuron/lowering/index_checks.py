@@ -94,6 +94,9 @@ def apply(op, args: tuple, kwargs: dict):
     index = values[name]
     if bound is None:  # a list of indices, one per leading dimension of self
         shape = values["self"].shape
+        # torch-mlir lowers index.Tensor and index_put with int64 positions
+        # only (int32 ones failed in iree-compile: 'arith.cmpi' operand types).
+        index = [ix.long() if ix is not None and ix.dtype in (torch.int32, torch.int16) else ix for ix in index]
         index = [check(ix, shape[i]) if i < len(shape) else ix for i, ix in enumerate(index)]
     else:
         index = check(index, bound(values))

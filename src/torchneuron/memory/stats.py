@@ -63,3 +63,12 @@ def set_memory_limit(limit_bytes: int, device=None) -> None:
 
 def memory_limit(device=None) -> int:
     return _C.memory_stats(device_index(device))["limit"]
+
+
+def mem_get_info(device=None) -> tuple:
+    """(free, total) bytes of the device, as torch.cuda.mem_get_info (and
+    torch.accelerator.get_memory_info). With a memory limit the device is
+    that big; without one it is the host's memory (the CPU target's memory is
+    the host's; IREE reports no size for a device's own memory), free being
+    what the host has available less the freed blocks the allocator keeps."""
+    return tuple(_C.mem_get_info(device_index(device)))
