@@ -160,3 +160,15 @@ def test_vllm_serve_answers_completions_and_chat_with_the_offline_tokens(llama, 
             server.kill()
             server.wait()
         log.close()
+
+
+def test_what_neuron_does_not_serve_yet_is_refused_by_name():
+    from torchneuron.vllm.attention import NeuronAttentionImpl
+    from torchneuron.vllm.platform import NeuronPlatform
+
+    with pytest.raises(NotImplementedError, match="ALiBi, logits soft-capping"):
+        NeuronAttentionImpl(4, 32, 0.1, 2, alibi_slopes=[1.0] * 4, sliding_window=None, kv_cache_dtype="auto",
+                            logits_soft_cap=30.0)
+    with pytest.raises(ValueError, match="not torch.float64"):
+        NeuronPlatform.check_if_supports_dtype(torch.float64)
+    NeuronPlatform.check_if_supports_dtype(torch.bfloat16)
