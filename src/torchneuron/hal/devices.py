@@ -4,6 +4,7 @@ the configured driver, created on first use."""
 from __future__ import annotations
 
 import functools
+import os
 import threading
 
 from .. import config
@@ -146,7 +147,36 @@ def _create(ireert, driver: str, index: int):
     for other, device in _devices.items():
         if other % len(infos) == physical:
             return device
-    return iree_driver.create_device(infos[physical])
+    before = _thread_ids()
+    device = iree_driver.create_device(infos[physical])
+    if "llvmpipe" in infos[physical].get("name", ""):
+        _let_waiters_yield(_thread_ids() - before)
+    return device
+
+
+def _thread_ids() -> set:
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:  # not Linux: nothing to find
+        return set()
+
+
+def _let_waiters_yield(new_threads: set) -> None:
+    """Lavapipe (Mesa's software Vulkan, CI's device) answers IREE's
+    wait-for-any-semaphore by polling the clock: the two threads IREE starts
+    per device to wait for completions spin a core each, idle or not, and
+    starved the compile workers beside them (an adaptive graph's compile
+    waited a minute). Run them at idle priority: they still take any core
+    nobody else wants. Lavapipe's own workers (llvmpipe-N) keep theirs."""
+    for tid in new_threads:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            if name.startswith("llvmpipe"):
+                continue
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except (OSError, AttributeError):  # the thread ended, or no SCHED_IDLE here
+            pass
 
 
 _workers_set = False
