@@ -88,6 +88,25 @@ def test_scans_in_place_match_cpu_and_run_compiled(name, fn, dtype):
 
 
 @pytest.mark.op_mode
+@pytest.mark.parametrize("name, fn", [
+    # vLLM's top-p filter: probs_sort.cumsum(dim=-1, out=probs_sort)
+    ("cumsum", lambda x: torch.cumsum(x.view(-1, 64), -1, out=x.view(-1, 64))),
+    ("add", lambda x: torch.add(x, x.flip(0), out=x)),
+    ("mul", lambda x: torch.mul(x[: N // 2], 2.0, out=x[N // 2:])),  # other elements of the same storage
+])
+def test_out_arguments_that_are_inputs_too_run_compiled(name, fn):
+    """An out= argument sharing memory with an input the op reads: the op
+    reads a copy of that input (as PyTorch's kernels read all of it before
+    writing) and runs compiled, not on the host."""
+    torchneuron.reset_stats()
+    cpu_args, dev_args = _run_both(fn, _ramp())
+    _assert_args_equal(cpu_args, dev_args)
+    op = f"aten.{name}.out"
+    assert stats.host_fallback[op] == 0 and stats.host_while_compiling[op] == 0, stats.fallback_reasons
+    assert stats.compiled[op] == 1
+
+
+@pytest.mark.op_mode
 @pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64])
 def test_integer_updates_in_place_run_compiled(dtype):
     torchneuron.reset_stats()

@@ -65,7 +65,24 @@ def too_long(llm, prompts) -> dict:
     return {"refused": refused, "after_refusal": after}
 
 
-SCENARIOS = {"offline": offline, "continuous": continuous, "too_long": too_long}
+def seeded(llm, prompts) -> dict:
+    """Sampling with temperature, top-k and top-p and a seed per request, twice
+    (the same seeds draw the same tokens), and once with the seeds of the
+    first half only (the others draw from the engine's generator)."""
+    from vllm import SamplingParams
+
+    def params(i, seed=True):
+        return SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_tokens=MAX_TOKENS, ignore_eos=True,
+                              seed=1000 + i if seed else None)
+
+    first = _tokens(llm.generate(prompts, [params(i) for i in range(len(prompts))], use_tqdm=False))
+    again = _tokens(llm.generate(prompts, [params(i) for i in range(len(prompts))], use_tqdm=False))
+    half = len(prompts) // 2
+    mixed = _tokens(llm.generate(prompts, [params(i, i < half) for i in range(len(prompts))], use_tqdm=False))
+    return {"seeded": first, "seeded_again": again, "seeded_half": mixed[:half]}
+
+
+SCENARIOS = {"offline": offline, "continuous": continuous, "too_long": too_long, "seeded": seeded}
 
 
 def main(argv) -> None:

@@ -22,7 +22,7 @@ import torch
 
 from .. import _C, config, runtime, trace
 from ..runtime import transfers
-from ..lowering import NotCompilable
+from ..lowering import NotCompilable, WritesSharedMemory
 from . import cached_launch, eager, host_fallback, math_bits, shape_recording, stats, warm_start
 from .op_info import METADATA_OPS, op_info
 
@@ -195,6 +195,14 @@ def _run_compiled(op, info, args, kwargs, device, record: bool):
         return eager.run(op, info, args, kwargs, device, remember=True)
     except eager.Compiling:
         return run_while_compiling(op, info, args, kwargs, device)
+    except WritesSharedMemory as e:
+        unshared = _copy_what_the_op_reads_of_its_writes(info, args, kwargs)
+        try:
+            return eager.run(op, info, *unshared, device)
+        except eager.Compiling:
+            return run_while_compiling(op, info, *unshared, device)
+        except NotCompilable:
+            reason = str(e)
     except NotCompilable as e:
         reason = str(e)
         stats.fallback_reasons.setdefault(info.name, reason)
@@ -204,6 +212,56 @@ def _run_compiled(op, info, args, kwargs, device, record: bool):
             stats.record(stats.decomposed, info.name)
             return op.redispatch(_COMPOSITE_SLOT, *args, **kwargs)
     return _run_on_host(op, info, args, kwargs, device, reason)
+
+
+def _copy_what_the_op_reads_of_its_writes(info, args, kwargs):
+    """(args, kwargs) with each tensor the op only reads copied when it shares
+    memory with one the op writes: the op then reads the values from before
+    the call, as PyTorch's kernels do (cumsum.out(x, out=x) reads all of x
+    before it writes)."""
+    written = _written_tensors(info, args, kwargs)
+
+    def unshared(v, name):
+        if isinstance(v, torch.Tensor) and name not in info.mutated_args and _copy_first(v, written):
+            return v.clone()
+        if isinstance(v, (list, tuple)) and name not in info.mutated_args:
+            return type(v)(unshared(x, name) for x in v)
+        return v
+
+    names = info.arg_names
+    args = tuple(unshared(v, names[i] if i < len(names) else None) for i, v in enumerate(args))
+    return args, {k: unshared(v, k) for k, v in kwargs.items()}
+
+
+def _copy_first(read, written) -> bool:
+    """Whether `read` shares memory with a written tensor and is either the
+    same elements or none of theirs. A partial overlap keeps PyTorch's own
+    verdict (its kernels refuse most), from the host path."""
+    shares = [w for w in written if w.untyped_storage().data_ptr() == read.untyped_storage().data_ptr()]
+    for w in shares:
+        same = (w.data_ptr(), w.shape, w.stride()) == (read.data_ptr(), read.shape, read.stride())
+        if not same and _byte_ranges_meet(w, read):
+            return False
+    return bool(shares)
+
+
+def _byte_ranges_meet(a, b) -> bool:
+    def span(t):
+        last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0) if t.numel() else -1
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _written_tensors(info, args, kwargs):
+    names = info.arg_names
+    found = [v for i, v in enumerate(args) if i < len(names) and names[i] in info.mutated_args]
+    found += [v for k, v in kwargs.items() if k in info.mutated_args]
+    flat = []
+    for v in found:
+        flat.extend(v if isinstance(v, (list, tuple)) else [v])
+    return [t for t in flat if isinstance(t, torch.Tensor)]
 
 
 def _equal(a, b):

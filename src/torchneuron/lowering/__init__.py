@@ -3,7 +3,7 @@
 torchneuron's decompositions (decompositions.py over rules/) -> torch-dialect
 MLIR through IREE's FX importer. One lowering for every mode."""
 
-from .call import CallSignature, NotCompilable, signature_of
+from .call import CallSignature, NotCompilable, WritesSharedMemory, signature_of
 from .graph import LoweredCall, NeedsResize, lower_call
 
-__all__ = ["CallSignature", "LoweredCall", "NeedsResize", "NotCompilable", "lower_call", "signature_of"]
+__all__ = ["CallSignature", "LoweredCall", "NeedsResize", "NotCompilable", "lower_call", "signature_of", "WritesSharedMemory"]

@@ -21,6 +21,12 @@ import torch
 
 from ..compiler import NotCompilable  # noqa: F401 - raised by every lowering
 
+
+class WritesSharedMemory(NotCompilable):
+    """An argument the op writes shares memory with one it reads
+    (`x.cumsum_(0)` is `cumsum.out(x, out=x)`): an executable's results
+    never alias its operands."""
+
 ALIGNMENT = 64
 
 
@@ -181,7 +187,7 @@ def signature_of(op, info, args, kwargs, params=None) -> CallSignature:
             storages = [t.untyped_storage().data_ptr() for t in tensors]
             for i in mutated:
                 if storages.count(storages[i]) > 1:
-                    raise NotCompilable("an argument the op writes shares memory with another argument")
+                    raise WritesSharedMemory("an argument the op writes shares memory with another argument")
                 if specs[i].stride is not None and _overlaps_itself(tensors[i]):
                     raise NotCompilable("an argument the op writes overlaps itself")
     key = (op, structure, kw, specs)
