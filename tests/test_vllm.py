@@ -84,15 +84,20 @@ def test_qwen3_without_prefix_caching_and_a_kv_cache_too_small_for_the_batch(tmp
     """A tiny Qwen3, prefix caching off, and a KV cache the 16 requests do
     not fit in at once: vLLM preempts and still finishes every request with
     Hugging Face's tokens. 2 layers x 2 KV heads x (K, V) x 32 x 4 bytes =
-    1 KiB a token: 24 blocks of 16 tokens."""
+    1 KiB a token: 24 blocks of 16 tokens. A request aborted mid-decode
+    (a dropped stream) frees its blocks."""
     path = tiny_models.build("qwen3", tmp_path / "tiny_qwen3")
     prompts = tiny_models.prompts(16)
     expected = _huggingface(path, prompts)
     blocks_needed = sum(-(-(len(p.split()) + 8) // 16) for p in prompts)
     assert blocks_needed > 24
-    got = _vllm(path, "offline", enable_prefix_caching=False, kv_cache_memory_bytes=24 * 16 * 1024)
+    got = _vllm(path, "offline", "cancelled", enable_prefix_caching=False, kv_cache_memory_bytes=24 * 16 * 1024)
     assert got["platform"] == "NeuronPlatform"
     assert got["greedy"] == expected and got["greedy_again"] == expected
+    # A request aborted while decoding gives back every block it held.
+    before, decoding, after = got["free_blocks"]
+    assert decoding < before == after, got["free_blocks"]
+    assert not got["unfinished_after_abort"] and got["after_abort"] == expected[:2]
     assert got["host_path_ops"] == [], got["not_compiled"]
 
 

@@ -82,7 +82,30 @@ def seeded(llm, prompts) -> dict:
     return {"seeded": first, "seeded_again": again, "seeded_half": mixed[:half]}
 
 
-SCENARIOS = {"offline": offline, "continuous": continuous, "too_long": too_long, "seeded": seeded}
+def cancelled(llm, prompts) -> dict:
+    """A request aborted while it decodes (what the server does when a client
+    drops a stream) gives its KV-cache blocks back; the engine serves on."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    kv = engine.engine_core.engine_core.scheduler.kv_cache_manager  # in-process engine core
+    free_before = kv.block_pool.get_num_free_blocks()
+    engine.add_request("long", prompts[-1], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    generated = 0
+    while generated < 5:
+        for out in engine.step():
+            generated = len(out.outputs[0].token_ids)
+    free_while_decoding = kv.block_pool.get_num_free_blocks()
+    engine.abort_request(["long"])
+    engine.step()
+    after = _tokens(llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True),
+                                 use_tqdm=False))
+    return {"free_blocks": [free_before, free_while_decoding, kv.block_pool.get_num_free_blocks()],
+            "unfinished_after_abort": engine.has_unfinished_requests(), "after_abort": after}
+
+
+SCENARIOS = {"offline": offline, "continuous": continuous, "too_long": too_long, "seeded": seeded,
+             "cancelled": cancelled}
 
 
 def main(argv) -> None:
