@@ -90,17 +90,17 @@ def test_unit_stage_on_the_demo_registry_passes():
 
 
 def test_unit_stage_on_a_sample_of_the_census_registry_passes():
-    """What CI runs of the census's registry (every model's signatures): 400
+    """What CI runs of the census's registry (every model's signatures): 300
     of them, spread over its ops (every op's first signature, then second
     ones); `torchneuron eval --stage unit` runs all. (1000 took 25 minutes of
-    a CI worker, cold.)"""
+    a CI worker, cold; 400 about 4.)"""
     assert stages.DEFAULT_REGISTRY == stages.CENSUS_REGISTRY
     found = registry.rows(stages.CENSUS_REGISTRY)
     assert len({m for _, _, _, models in found for m in models}) >= 300
-    sample = registry.sample(found, 400)
-    assert len(sample) == 400 and {op for op, _, _, _ in sample} == {op for op, _, _, _ in found}
+    sample = registry.sample(found, 300)
+    assert len(sample) == 300 and {op for op, _, _, _ in sample} == {op for op, _, _, _ in found}
     counts, failed = _unit_failures(sample)
-    assert counts.get("pass", 0) >= 320, counts
+    assert counts.get("pass", 0) >= 240, counts
     assert failed == []
 
 

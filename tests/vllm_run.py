@@ -116,8 +116,9 @@ def main(argv) -> None:
     from torchneuron.vllm import tiny_models
 
     options = json.loads(os.environ.get("VLLM_RUN_OPTIONS", "{}"))
-    llm = LLM(model=model, dtype="float32", max_model_len=256, max_num_seqs=16, enforce_eager=True, seed=0,
-              kv_cache_memory_bytes=options.pop("kv_cache_memory_bytes", 8 << 20), **options)
+    options.setdefault("enforce_eager", True)
+    options.setdefault("kv_cache_memory_bytes", 8 << 20)
+    llm = LLM(model=model, dtype="float32", max_model_len=256, max_num_seqs=16, seed=0, **options)
     prompts = tiny_models.prompts(16)
     result = {"platform": type(__import__("vllm.platforms", fromlist=["x"]).current_platform).__name__}
     for name in scenarios:
