@@ -21,10 +21,11 @@ from torchneuron.vllm import tiny_models  # noqa: E402
 RUN = pathlib.Path(__file__).with_name("vllm_run.py")
 
 
-def _vllm(model, *scenarios, cpu=False, timeout=900, **options) -> dict:
+def _vllm(model, *scenarios, cpu=False, timeout=900, wait_for_compiles=False, **options) -> dict:
     # A server's default: an op whose executable is still compiling runs on
     # the host meanwhile (the suite's conftest waits for each compile).
-    env = dict(os.environ, VLLM_RUN_OPTIONS=json.dumps(options), TORCHNEURON_COMPILE_WAIT="0")
+    env = dict(os.environ, VLLM_RUN_OPTIONS=json.dumps(options),
+               TORCHNEURON_COMPILE_WAIT="1" if wait_for_compiles else "0")
     if cpu:
         env["VLLM_TARGET_DEVICE"] = "cpu"
     done = subprocess.run([sys.executable, str(RUN), str(model), *scenarios], env=env, capture_output=True,
@@ -78,6 +79,24 @@ def test_offline_serving_matches_huggingface_and_vllm_on_cpu(llama):
     assert cpu["platform"] == "CpuPlatform" and cpu["greedy"] == expected
     assert got["seeded"] == cpu["seeded"] != expected
     assert got["seeded_again"] == got["seeded"] and got["seeded_half"] == got["seeded"][:8]
+
+
+def test_vllm_compilation_compiles_the_pieces_between_attention_and_a_restart_compiles_nothing(llama):
+    """enforce_eager=False: vLLM's backend traces the model with Dynamo and
+    splits it at attention; torchneuron compiles each piece as one
+    executable for every token count (dynamic), and the tokens stay Hugging
+    Face's. A second process finds every executable in the cache."""
+    path, expected = llama
+    # Compiles waited for: a graph still compiling runs op by op meanwhile,
+    # and its eager results' layouts would make signatures a second run,
+    # with the graph's executable ready from the start, does not meet.
+    first = _vllm(path, "offline", enforce_eager=False, wait_for_compiles=True)
+    assert first["greedy"] == expected and first["greedy_again"] == expected
+    dynamo = first["dynamo"]
+    assert dynamo["graphs_compiled"] >= 3 and dynamo.get("graphs_dynamic") == dynamo["graphs_compiled"], dynamo
+    assert "graphs_fallback" not in dynamo and first["host_path_ops"] == [], (dynamo, first["not_compiled"])
+    again = _vllm(path, "offline", enforce_eager=False, wait_for_compiles=True)
+    assert again["greedy"] == expected and again["compiled_here"] == 0, again["sources"]
 
 
 def test_qwen3_without_prefix_caching_and_a_kv_cache_too_small_for_the_batch(tmp_path):

@@ -133,6 +133,7 @@ def main(argv) -> None:
         result["sources"] = stats["sources"]
         result["signatures"] = stats["signatures"]
         result["not_compiled"] = stats["not_compiled"]
+        result["dynamo"] = stats.get("dynamo", {})
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -9,6 +9,7 @@ compiled graphs go to `torch.compile(backend="neuron")`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -92,6 +93,11 @@ class NeuronPlatform(Platform):
         return True
 
     @classmethod
+    def get_compile_backend(cls) -> str:
+        """The compiler of vLLM's graph pieces (VLLM_COMPILE)."""
+        return "torchneuron.vllm.compiler.NeuronCompiler"
+
+    @classmethod
     def opaque_attention_op(cls) -> bool:
         # Attention stays one custom op in compiled graphs; its metadata
         # (Python objects) never enters a graph.
@@ -121,10 +127,22 @@ class NeuronPlatform(Platform):
         compilation.cudagraph_capture_sizes = []
         compilation.cudagraph_mode = CUDAGraphMode.NONE
         if compilation.mode == CompilationMode.VLLM_COMPILE:
-            # vLLM's piecewise Inductor pipeline targets CUDA graphs; here
-            # Dynamo traces the model once and torchneuron compiles it.
-            compilation.mode = CompilationMode.DYNAMO_TRACE_ONCE
+            # vLLM's backend splits the graph at attention; its pieces go to
+            # torchneuron (get_compile_backend), not Inductor. vLLM's fusion
+            # passes rewrite graphs into CUDA and ROCm kernels: off.
             compilation.backend = "neuron"
+            if compilation.compile_sizes is None:  # set with CUDA graphs' sizes, which are off
+                compilation.compile_sizes = []
+            passes = compilation.pass_config
+            for field in dataclasses.fields(passes):
+                if field.name.startswith(("fuse_", "enable_")) and getattr(passes, field.name):
+                    setattr(passes, field.name, False)
+        elif compilation.mode != CompilationMode.NONE:
+            compilation.backend = "neuron"
+        if compilation.mode != CompilationMode.NONE:
+            # vLLM's ahead-of-time artifacts are Inductor's output code; the
+            # neuron backend's executables are cached by torchneuron itself.
+            os.environ["VLLM_USE_AOT_COMPILE"] = "0"
         vllm_config.profiler_config.torch_profiler_dump_cuda_time_total = False
         if vllm_config.model_config is not None and vllm_config.model_config.use_mla:
             raise NotImplementedError("MLA models are not supported on neuron yet")
