@@ -192,17 +192,15 @@ def _run_compiled(op, info, args, kwargs, device, record: bool):
         if result is not cached_launch.MISS:
             return result
     try:
-        return eager.run(op, info, args, kwargs, device, remember=True)
+        try:
+            return eager.run(op, info, args, kwargs, device, remember=True)
+        except WritesSharedMemory:
+            # Once more with the inputs it reads copied; a write that still
+            # shares memory takes the host path below.
+            args, kwargs = _copy_what_the_op_reads_of_its_writes(info, args, kwargs)
+            return eager.run(op, info, args, kwargs, device)
     except eager.Compiling:
         return run_while_compiling(op, info, args, kwargs, device)
-    except WritesSharedMemory as e:
-        unshared = _copy_what_the_op_reads_of_its_writes(info, args, kwargs)
-        try:
-            return eager.run(op, info, *unshared, device)
-        except eager.Compiling:
-            return run_while_compiling(op, info, *unshared, device)
-        except NotCompilable:
-            reason = str(e)
     except NotCompilable as e:
         reason = str(e)
         stats.fallback_reasons.setdefault(info.name, reason)

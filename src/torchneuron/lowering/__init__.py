@@ -6,4 +6,5 @@ MLIR through IREE's FX importer. One lowering for every mode."""
 from .call import CallSignature, NotCompilable, WritesSharedMemory, signature_of
 from .graph import LoweredCall, NeedsResize, lower_call
 
-__all__ = ["CallSignature", "LoweredCall", "NeedsResize", "NotCompilable", "lower_call", "signature_of", "WritesSharedMemory"]
+__all__ = ["CallSignature", "LoweredCall", "NeedsResize", "NotCompilable", "WritesSharedMemory", "lower_call",
+           "signature_of"]

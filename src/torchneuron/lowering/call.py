@@ -23,9 +23,9 @@ from ..compiler import NotCompilable  # noqa: F401 - raised by every lowering
 
 
 class WritesSharedMemory(NotCompilable):
-    """An argument the op writes shares memory with one it reads
-    (`x.cumsum_(0)` is `cumsum.out(x, out=x)`): an executable's results
-    never alias its operands."""
+    """An argument the op writes shares memory with another argument
+    (`torch.cumsum(x, 0, out=x)`): an executable's results never alias its
+    operands."""
 
 ALIGNMENT = 64
 

@@ -126,23 +126,21 @@ class NeuronPlatform(Platform):
         compilation = vllm_config.compilation_config
         compilation.cudagraph_capture_sizes = []
         compilation.cudagraph_mode = CUDAGraphMode.NONE
+        if compilation.mode != CompilationMode.NONE:
+            compilation.backend = "neuron"
+            # vLLM's ahead-of-time artifacts are Inductor's output code; the
+            # neuron backend's executables are cached by torchneuron itself.
+            os.environ["VLLM_USE_AOT_COMPILE"] = "0"
         if compilation.mode == CompilationMode.VLLM_COMPILE:
             # vLLM's backend splits the graph at attention; its pieces go to
             # torchneuron (get_compile_backend), not Inductor. vLLM's fusion
             # passes rewrite graphs into CUDA and ROCm kernels: off.
-            compilation.backend = "neuron"
             if compilation.compile_sizes is None:  # set with CUDA graphs' sizes, which are off
                 compilation.compile_sizes = []
             passes = compilation.pass_config
             for field in dataclasses.fields(passes):
                 if field.name.startswith(("fuse_", "enable_")) and getattr(passes, field.name):
                     setattr(passes, field.name, False)
-        elif compilation.mode != CompilationMode.NONE:
-            compilation.backend = "neuron"
-        if compilation.mode != CompilationMode.NONE:
-            # vLLM's ahead-of-time artifacts are Inductor's output code; the
-            # neuron backend's executables are cached by torchneuron itself.
-            os.environ["VLLM_USE_AOT_COMPILE"] = "0"
         vllm_config.profiler_config.torch_profiler_dump_cuda_time_total = False
         if vllm_config.model_config is not None and vllm_config.model_config.use_mla:
             raise NotImplementedError("MLA models are not supported on neuron yet")
