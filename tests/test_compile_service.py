@@ -189,6 +189,54 @@ def test_redis_down_or_going_down_falls_back_without_hanging(redis_server, clien
 
 # -- leader-compiles inside a torch.distributed job ---------------------------------
 
+def test_a_leader_whose_compile_breaks_lets_the_other_ranks_compile_without_waiting(monkeypatch):
+    """The claimant's compile raising something other than a compile error
+    (here an OSError) must not leave the others waiting the leader timeout:
+    they compile the key themselves, and an exiting rank stops waiting."""
+    import torch.distributed as dist
+
+    from torchneuron.cache import leader
+
+    store = dist.HashStore()  # the c10d store class a job's ranks meet in, in this process
+    monkeypatch.setattr(leader, "_store", lambda: store)
+    monkeypatch.setattr(torchneuron.config.settings, "leader_timeout", 600.0)
+    claimed, done = threading.Event(), []
+
+    def broken():
+        claimed.set()
+        time.sleep(0.5)  # the follower is waiting by now
+        raise OSError("disk full")
+
+    def leader_rank():
+        with pytest.raises(OSError, match="disk full"):
+            leader.compile_or_fetch("k-broken", broken)
+
+    def follower_rank():
+        claimed.wait()
+        done.append(leader.compile_or_fetch("k-broken", lambda: (b"compiled here", 0.1, "compiled")))
+
+    timeouts = leader.stats.timeouts
+    threads = [threading.Thread(target=leader_rank), threading.Thread(target=follower_rank)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank is still waiting for the broken leader"
+    assert done == [(b"compiled here", 0.1, "compiled")] and leader.stats.timeouts == timeouts
+
+    # A claimant that never publishes (its process died): an exiting rank stops waiting.
+    store.add("torchneuron/claim/k-dead", 1)
+    monkeypatch.setattr(leader, "_exiting", threading.Event())
+    waiter = threading.Thread(target=lambda: done.append(leader.compile_or_fetch("k-dead", lambda: (b"here", 0.0, "compiled"))))
+    waiter.start()
+    time.sleep(1.5)
+    assert waiter.is_alive()  # waiting for the leader
+    leader._exiting.set()
+    waiter.join(60)
+    assert not waiter.is_alive() and done[-1] == (b"here", 0.0, "compiled")
+    assert leader.stats.timeouts == timeouts + 1
+
+
 def test_leader_compiles_each_key_once_for_the_job(tmp_path):
     code = """
     import json, os, sys

@@ -27,6 +27,12 @@ def _cases():
     q, k, v = (torch.randn(2, 3, 256, 32) for _ in range(3))
     tokens, probs = torch.randn(96, 48), torch.softmax(torch.randn(96, 6), -1)
     w1, w2 = torch.randn(6, 48, 160) * 0.1, torch.randn(6, 160, 48) * 0.1
+    # Paged attention over a cache of 24 blocks of 8 slots, 2 KV heads for 4 query heads:
+    # a prefill of 11 tokens after 9 cached, a decode step at 30, a one-token context, a padded request.
+    cache = torch.randn(24 * 8, 2, 2 * 32)
+    table = torch.randint(1, 24, (4, 4), dtype=torch.int32)
+    context_lens, query_lens = torch.tensor([20, 30, 1, 0], dtype=torch.int32), torch.tensor([11, 1, 1, 0], dtype=torch.int32)
+    paged = (torch.randn(4, 4, 16, 32), cache, table, context_lens, query_lens)
     return {
         "rms_norm": (K.rms_norm, K.rms_norm_reference, (x, w), {}),
         "add_rms_norm": (K.add_rms_norm, K.add_rms_norm_reference, (x, r, w), {}),
@@ -40,6 +46,11 @@ def _cases():
         "flash_attention_bfloat16": (K.flash_attention, K.flash_attention_reference,
                                      tuple(t.bfloat16() for t in (q, k, v)), {"causal": True}),
         "moe": (K.moe, K.moe_reference, (tokens, probs, w1, w2), {"top_k": 2}),
+        "moe_gated": (K.moe, K.moe_reference, (tokens, probs, torch.randn(6, 48, 320) * 0.1, w2), {"top_k": 2}),
+        "moe_routed": (K.moe_routed, K.moe_routed_reference, (tokens, *probs.topk(3, -1), w1, w2), {}),
+        "paged_attention": (K.paged_attention, K.paged_attention_reference, paged, {"block_size": 8}),
+        "paged_attention_window": (K.paged_attention, K.paged_attention_reference, paged,
+                                   {"block_size": 8, "sliding_window": 5, "scale": 0.3}),
     }
 
 
@@ -54,12 +65,14 @@ def test_kernel_matches_its_reference_on_neuron(name):
         assert torch.equal(a.cpu(), o)
 
 
-def test_the_simulator_runs_the_library_on_cpu_tensors():
-    kernel, reference, args, kwargs = _cases()["flash_attention_causal"]
+@pytest.mark.parametrize("name", ["flash_attention_causal", "paged_attention_window"])
+def test_the_simulator_runs_the_library_on_cpu_tensors(name):
+    kernel, reference, args, kwargs = _cases()[name]
     _close(kernel(*args, **kwargs), reference(*args, **kwargs))
 
 
-@pytest.mark.parametrize("name", ["rms_norm", "add_rms_norm", "rotary", "cross_entropy", "flash_attention_causal", "moe"])
+@pytest.mark.parametrize("name", ["rms_norm", "add_rms_norm", "rotary", "cross_entropy", "flash_attention_causal", "moe",
+                                  "moe_gated"])
 def test_gradients_through_the_library(name):
     kernel, reference, args, kwargs = _cases()[name]
     floats = [a.is_floating_point() for a in args]
@@ -100,6 +113,7 @@ def test_every_library_operator_passes_opcheck():
         (ops.moe_experts, (rows, torch.arange(64, dtype=torch.int32, device="neuron") % 48,
                            torch.rand(64, device="neuron"), torch.randn(2, 80, 16, device="neuron"),
                            torch.randn(2, 16, 80, device="neuron"), 32)),
+        (ops.paged_attention, tuple(a.to("neuron") for a in cases["paged_attention"][2]) + (0.2, 8, 0)),
     ]
     for op, args in checks:
         torch.library.opcheck(op, args)

@@ -75,6 +75,7 @@ def test_offline_serving_matches_huggingface_and_vllm_on_cpu(llama):
     assert "maximum context length" in got["refused"]
     assert got["after_refusal"] == expected[:2]
     assert set(got["host_path_ops"]) <= {"aten.exponential_.default"}, got["not_compiled"]
+    assert got["kernels"]["paged_attention"] > 2 * 8, got["kernels"]  # both layers, every step: the kernel
     cpu = _vllm(path, "offline", "seeded", cpu=True, use_fp64_gumbel=True)
     assert cpu["platform"] == "CpuPlatform" and cpu["greedy"] == expected
     assert got["seeded"] == cpu["seeded"] != expected
@@ -117,6 +118,20 @@ def test_qwen3_without_prefix_caching_and_a_kv_cache_too_small_for_the_batch(tmp
     before, decoding, after = got["free_blocks"]
     assert decoding < before == after, got["free_blocks"]
     assert not got["unfinished_after_abort"] and got["after_abort"] == expected[:2]
+    assert got["host_path_ops"] == [], got["not_compiled"]
+
+
+def test_a_mixture_of_experts_model_runs_its_experts_as_one_kernel(tmp_path):
+    """A tiny Qwen3-MoE (8 SwiGLU experts, 2 a token, in both layers): vLLM
+    routes, neuron's fused-MoE method runs the experts as the kernel
+    library's MoE kernel, and the greedy tokens are Hugging Face's on CPU."""
+    path = tiny_models.build("qwen3_moe", tmp_path / "tiny_qwen3_moe")
+    prompts = tiny_models.prompts(16)
+    got = _vllm(path, "offline")
+    assert got["platform"] == "NeuronPlatform"
+    expected = _huggingface(path, prompts)
+    assert got["greedy"] == expected and got["greedy_again"] == expected
+    assert got["kernels"].get("moe_experts", 0) >= 2, got["kernels"]  # a launch per layer and step at least
     assert got["host_path_ops"] == [], got["not_compiled"]
 
 

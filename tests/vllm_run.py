@@ -134,6 +134,9 @@ def main(argv) -> None:
         result["signatures"] = stats["signatures"]
         result["not_compiled"] = stats["not_compiled"]
         result["dynamo"] = stats.get("dynamo", {})
+        kernels = {name: sys.modules[f"torchneuron.kernels.{name}"] for name in ("paged_attention", "moe")}
+        result["kernels"] = {"paged_attention": kernels["paged_attention"]._paged.launches,
+                             "moe_experts": kernels["moe"]._experts.launches}
     print("RESULT " + json.dumps(result), flush=True)
 
 

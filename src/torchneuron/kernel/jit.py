@@ -42,6 +42,7 @@ class Kernel:
         self.signature = inspect.signature(fn)
         self._compiled: dict = {}
         self._lock = threading.Lock()
+        self.launches = 0  # on neuron tensors, in this process
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid):
@@ -131,6 +132,7 @@ class Kernel:
                               f"run it on CPU tensors with nk.simulate({self.fn.__name__})[grid](...)")
         compiled = self.compiled_for(grid, arguments)
         _launch(compiled, [v for _, v in tensors], self.fn.__name__)
+        self.launches += 1
 
     def compiled_for(self, grid, arguments):
         key = (grid,) + tuple(

@@ -1,19 +1,21 @@
-"""Attention over vLLM's paged KV cache on neuron, in PyTorch ops.
+"""Attention over vLLM's paged KV cache on neuron.
 
 The cache of a layer is vLLM's `[blocks, kv heads, block tokens, 2 * head
 size]` view in the LBNHC layout, so that memory holds `[blocks, block
 tokens, kv heads, K | V]`: a token's slot (block * block size + offset) is
 one row of a `[slots, kv heads, 2 * head size]` view. New keys and values
-go into their slots with one `index_put_`; attention gathers each request's
-blocks through its block table and runs scaled dot-product attention under
-a mask that encodes the query lengths, the context lengths, causality and
-any sliding window.
+go into their slots with one `index_put_`; attention is the kernel
+library's paged attention (torchneuron.kernels.paged_attention), which
+reads each request's blocks through its block table where they lie and
+masks by the query lengths, the context lengths, causality and any sliding
+window.
 
-Every shape the device sees is padded to a power of two (the longest query
-of the batch, the blocks of the longest context), so a decode step reuses
-the executables of the steps before it instead of compiling per length; the
-mask hides what padding adds. The per-step index and mask tensors are built
-on the host once per step and shared by every layer.
+Every shape the device sees is padded to a power of two (the requests of
+the step, the longest query, the blocks of the longest context), so a
+decode step reuses the executables of the steps before it instead of
+compiling per length; padded requests have no context and padded query
+rows give 0. The per-step index tensors are built on the host once per
+step and shared by every layer.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionImpl,
@@ -33,6 +34,7 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
+from ..kernels import paged_attention
 from .buckets import bucket
 
 
@@ -79,19 +81,19 @@ class NeuronAttentionMetadata:
     query_rows: torch.Tensor
     # [padded tokens]: each token's row in the flattened [requests * padded query] output.
     output_rows: torch.Tensor
-    # [requests, padded blocks]: block ids of each request's context.
+    # [requests, padded blocks] (int32): block ids of each request's context.
     block_table: torch.Tensor
-    # [requests, 1, padded query, padded context]: which keys each query attends.
-    mask: torch.Tensor
+    # [requests] (int32): each request's context (with this step's tokens) and query length.
+    context_lens: torch.Tensor
+    query_lens: torch.Tensor
 
 
 class NeuronAttentionMetadataBuilder(AttentionMetadataBuilder[NeuronAttentionMetadata]):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
-        self.sliding_window = getattr(kv_cache_spec, "sliding_window", None)
-        self.max_blocks = -(-vllm_config.model_config.max_model_len // self.block_size)
         self.max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        self.max_requests = vllm_config.scheduler_config.max_num_seqs
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> NeuronAttentionMetadata:
@@ -102,35 +104,31 @@ class NeuronAttentionMetadataBuilder(AttentionMetadataBuilder[NeuronAttentionMet
         context = m.seq_lens_cpu_upper_bound if m.seq_lens_cpu_upper_bound is not None else m.seq_lens.cpu()
         context_lens = context[:requests].numpy().astype(np.int64)
 
+        table = m.block_table_tensor
+        padded_requests = min(bucket(requests, self.max_requests), table.shape[0])
         padded_query = bucket(int(query_lens.max()))
-        table_width = m.block_table_tensor.shape[1]
-        padded_blocks = min(bucket(int(-(-context_lens.max() // self.block_size))), table_width)
-        padded_context = padded_blocks * self.block_size
+        padded_blocks = min(bucket(int(-(-context_lens.max() // self.block_size))), table.shape[1])
         padded_tokens = bucket(m.num_actual_tokens, self.max_tokens)
 
         q = np.arange(padded_query)
-        real_query = q[None, :] < query_lens[:, None]  # [R, Q]
-        query_rows = np.where(real_query, starts[:-1, None] + q[None, :], 0)
+        query_rows = np.zeros((padded_requests, padded_query), dtype=np.int64)
+        query_rows[:requests] = np.where(q[None, :] < query_lens[:, None], starts[:-1, None] + q[None, :], 0)
         output_rows = np.zeros(padded_tokens, dtype=np.int64)
         for r in range(requests):
             output_rows[starts[r]:starts[r + 1]] = r * padded_query + np.arange(query_lens[r])
-
-        # Query q of request r sits at position context - query_len + q.
-        position = (context_lens - query_lens)[:, None] + q[None, :]  # [R, Q]
-        k = np.arange(padded_context)
-        mask = (k[None, None, :] <= position[:, :, None]) & (k[None, None, :] < context_lens[:, None, None])
-        if self.sliding_window is not None:
-            mask &= k[None, None, :] > position[:, :, None] - self.sliding_window
-        # Padded query rows attend key 0 so that their softmax stays finite.
-        mask[:, :, 0] |= ~real_query
+        # Padded requests have no context: the kernel masks every key and gives 0.
+        lengths = np.zeros((2, padded_requests), dtype=np.int32)
+        lengths[0, :requests], lengths[1, :requests] = context_lens, query_lens
 
         to_device = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(self.device)  # noqa: E731
+        lengths = to_device(lengths)
         return NeuronAttentionMetadata(
             num_actual_tokens=m.num_actual_tokens,
             query_rows=to_device(query_rows),
             output_rows=to_device(output_rows),
-            block_table=m.block_table_tensor[:requests, :padded_blocks],
-            mask=to_device(mask[:, None]),
+            block_table=table[:padded_requests, :padded_blocks].to(torch.int32),
+            context_lens=lengths[0],
+            query_lens=lengths[1],
         )
 
 
@@ -178,16 +176,11 @@ class NeuronAttentionImpl(AttentionImpl):
         if attn_metadata is None:  # a profiling run without a cache
             return output.fill_(0)
         meta = attn_metadata
-        requests, blocks = meta.block_table.shape
-        _, heads, block_size, content = kv_cache.shape
-        # [R, blocks, block tokens, heads, K|V] -> [R, heads, context, K|V]
-        context = kv_cache.permute(0, 2, 1, 3)[meta.block_table]
-        context = context.reshape(requests, blocks * block_size, heads, content).transpose(1, 2)
-        keys, values = context[..., : self.head_size], context[..., self.head_size:]
         tokens = query.shape[0]
         q = query.view(tokens, self.num_heads, self.head_size)[meta.query_rows].transpose(1, 2)
-        attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=meta.mask, scale=self.scale,
-                                                  enable_gqa=self.num_heads != self.num_kv_heads)
+        attended = paged_attention(q, self._slots(kv_cache), meta.block_table, meta.context_lens, meta.query_lens,
+                                   scale=self.scale, block_size=kv_cache.shape[2],
+                                   sliding_window=self.sliding_window or 0)
         rows = attended.transpose(1, 2).reshape(-1, self.num_heads * self.head_size)
         out = output.view(output.shape[0], -1)
         out[:tokens] = rows[meta.output_rows[:tokens]]

@@ -26,7 +26,10 @@ def _config(family: str):
         return transformers.Qwen3Config(**shared, head_dim=32)
     if family == "mistral":
         return transformers.MistralConfig(**shared, sliding_window=None)
-    raise ValueError(f"no tiny model for {family!r}: llama, qwen3 or mistral")
+    if family == "qwen3_moe":  # 8 SwiGLU experts, 2 per token, in every layer
+        return transformers.Qwen3MoeConfig(**shared, head_dim=32, num_experts=8, num_experts_per_tok=2,
+                                           moe_intermediate_size=64, decoder_sparse_step=1, norm_topk_prob=True)
+    raise ValueError(f"no tiny model for {family!r}: llama, qwen3, qwen3_moe or mistral")
 
 
 def tokenizer():

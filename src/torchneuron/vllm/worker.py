@@ -24,6 +24,9 @@ logger = init_logger(__name__)
 class NeuronWorker(Worker):
     def __init__(self, vllm_config, local_rank: int, rank: int, distributed_init_method: str,
                  is_driver_worker: bool = False):
+        from . import custom_ops, moe  # noqa: F401 - neuron's fused MoE method, before the model is built
+
+        custom_ops.register()
         super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker=is_driver_worker)
         self.parallel_config.disable_custom_all_reduce = True
 
