@@ -21,10 +21,10 @@ from torchneuron.vllm import tiny_models  # noqa: E402
 RUN = pathlib.Path(__file__).with_name("vllm_run.py")
 
 
-def _vllm(model, *scenarios, cpu=False, timeout=900, wait_for_compiles=False, **options) -> dict:
+def _vllm(model, *scenarios, cpu=False, timeout=900, wait_for_compiles=False, devices=1, **options) -> dict:
     # A server's default: an op whose executable is still compiling runs on
     # the host meanwhile (the suite's conftest waits for each compile).
-    env = dict(os.environ, VLLM_RUN_OPTIONS=json.dumps(options),
+    env = dict(os.environ, VLLM_RUN_OPTIONS=json.dumps(options), TORCHNEURON_DEVICE_COUNT=str(devices),
                TORCHNEURON_COMPILE_WAIT="1" if wait_for_compiles else "0")
     if cpu:
         env["VLLM_TARGET_DEVICE"] = "cpu"
@@ -100,6 +100,17 @@ def test_vllm_compilation_compiles_the_pieces_between_attention_and_a_restart_co
     assert again["greedy"] == expected and again["compiled_here"] == 0, again["sources"]
 
 
+def test_tensor_parallel_over_two_devices_gives_the_same_tokens(llama):
+    """tensor_parallel_size=2: two vLLM workers, each in a process of its own
+    on its own neuron device, the attention heads and MLP columns split
+    between them and joined through torchneuron's c10d backend; the greedy
+    tokens stay Hugging Face's."""
+    path, expected = llama
+    got = _vllm(path, "offline", devices=2, tensor_parallel_size=2)
+    assert got["platform"] == "NeuronPlatform"
+    assert got["greedy"] == expected and got["greedy_again"] == expected
+
+
 def test_qwen3_without_prefix_caching_and_a_kv_cache_too_small_for_the_batch(tmp_path):
     """A tiny Qwen3, prefix caching off, and a KV cache the 16 requests do
     not fit in at once: vLLM preempts and still finishes every request with
@@ -150,10 +161,22 @@ def _post(url: str, body: dict, stream: bool = False):
         return chunks
 
 
+def _gauge(base: str, name: str) -> float:
+    """A gauge from the server's Prometheus /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(base + "/metrics", timeout=60) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} is not among the server's metrics")
+
+
 def test_vllm_serve_answers_completions_and_chat_with_the_offline_tokens(llama, tmp_path):
     """vLLM's OpenAI server on neuron, started here on 127.0.0.1 and stopped here:
     /v1/completions (whole and streamed) and /v1/chat/completions give the
-    greedy continuation Hugging Face gives on CPU."""
+    greedy continuation Hugging Face gives on CPU; a stream the client drops
+    mid-decode is aborted and frees its blocks."""
     import socket
     import time
     import urllib.error
@@ -198,6 +221,23 @@ def test_vllm_serve_answers_completions_and_chat_with_the_offline_tokens(llama, 
             chat = _post(base + "/v1/chat/completions",
                          dict(greedy, messages=[{"role": "user", "content": prompt}]))
             assert chat["choices"][0]["message"]["content"].split() == text.split()
+
+        # A client that drops its stream mid-decode: the server aborts the
+        # request and its KV blocks are free again (vLLM's gauges, as of the
+        # last step of the request that follows).
+        shortest = min(prompts, key=len)
+        body = dict(greedy, prompt=shortest, max_tokens=256 - len(shortest.split()) - 1, stream=True)
+        request = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        response = urllib.request.urlopen(request, timeout=300)
+        for _ in range(4):
+            assert response.readline()  # a few tokens streamed
+        assert _gauge(base, "vllm:num_requests_running") == 1 and _gauge(base, "vllm:kv_cache_usage_perc") > 0
+        response.close()
+        # Had it gone on, it would still be decoding (200 more steps) when this one's 8 steps end.
+        done = _post(base + "/v1/completions", dict(greedy, prompt=prompts[0]))
+        assert done["choices"][0]["text"].split() == want[0].split()
+        assert _gauge(base, "vllm:num_requests_running") == 0 and _gauge(base, "vllm:kv_cache_usage_perc") == 0
     finally:
         server.terminate()
         try:

@@ -134,9 +134,11 @@ def main(argv) -> None:
         result["signatures"] = stats["signatures"]
         result["not_compiled"] = stats["not_compiled"]
         result["dynamo"] = stats.get("dynamo", {})
-        kernels = {name: sys.modules[f"torchneuron.kernels.{name}"] for name in ("paged_attention", "moe")}
-        result["kernels"] = {"paged_attention": kernels["paged_attention"]._paged.launches,
-                             "moe_experts": kernels["moe"]._experts.launches}
+        # The kernels this process launched (with tensor parallelism, the workers' processes launch them).
+        kernels = {name: sys.modules.get(f"torchneuron.kernels.{name}") for name in ("paged_attention", "moe")}
+        result["kernels"] = {"paged_attention": getattr(kernels["paged_attention"], "_paged", None),
+                             "moe_experts": getattr(kernels["moe"], "_experts", None)}
+        result["kernels"] = {name: k.launches if k is not None else 0 for name, k in result["kernels"].items()}
     print("RESULT " + json.dumps(result), flush=True)
 
 
