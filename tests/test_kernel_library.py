@@ -33,6 +33,11 @@ def _cases():
     table = torch.randint(1, 24, (4, 4), dtype=torch.int32)
     context_lens, query_lens = torch.tensor([20, 30, 1, 0], dtype=torch.int32), torch.tensor([11, 1, 1, 0], dtype=torch.int32)
     paged = (torch.randn(4, 4, 16, 32), cache, table, context_lens, query_lens)
+    # Long prefills: 4 query heads a KV head whose 64 queries do not fit one tile (two programs
+    # each), a context of 32 blocks of 8 (two chunks of 128 slots), a sliding window.
+    long_prefill = (torch.randn(2, 8, 64, 32), torch.randn(80 * 8, 2, 64),
+                    torch.randint(1, 80, (2, 32), dtype=torch.int32), torch.tensor([250, 70], dtype=torch.int32),
+                    torch.tensor([64, 33], dtype=torch.int32))
     return {
         "rms_norm": (K.rms_norm, K.rms_norm_reference, (x, w), {}),
         "add_rms_norm": (K.add_rms_norm, K.add_rms_norm_reference, (x, r, w), {}),
@@ -51,6 +56,8 @@ def _cases():
         "paged_attention": (K.paged_attention, K.paged_attention_reference, paged, {"block_size": 8}),
         "paged_attention_window": (K.paged_attention, K.paged_attention_reference, paged,
                                    {"block_size": 8, "sliding_window": 5, "scale": 0.3}),
+        "paged_attention_long": (K.paged_attention, K.paged_attention_reference, long_prefill,
+                                 {"block_size": 8, "sliding_window": 100}),
     }
 
 

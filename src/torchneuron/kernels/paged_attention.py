@@ -2,9 +2,14 @@
 values where they lie, in the blocks of a paged KV cache (vLLM's), found
 through the request's block table, with no gathered copy of its context.
 
-One program per (request, KV head, query head of that KV head's group):
-it streams the request's blocks with an online softmax (FlashAttention's),
-loading each block's keys and values with a gather of its slots. The mask
+One program per request and KV head (and, when they do not fit one tile,
+per part of the query heads sharing that KV head): the query heads are
+stacked so that one matmul serves them all, and the program streams the
+request's blocks, up to 128 slots at a time, with an online softmax
+(FlashAttention's), loading each block's keys and values with a gather of
+its slots. Fewer, larger programs matter: at decode shapes a program per
+query head and block was 2-3x slower than gathering the context and
+running SDPA as eager ops; this form is 2-10x faster than that. The mask
 is computed in the kernel from the request's context and query lengths:
 query q of a request sits at position context - query_len + q and sees the
 keys at positions up to its own (and, with a sliding window W, above
@@ -23,31 +28,38 @@ import math
 import torch
 
 from .. import kernel as nk
-from ._blocks import on_device
+from ._blocks import on_device, row_block
 
 _HIDDEN = -1.0e30  # a masked score: finite, so a block with no visible key leaves no NaN
 
 
 @nk.jit
-def _paged(q, cache, block_table, context_lens, query_lens, out, G: nk.constexpr, BS: nk.constexpr,
-           SCALE: nk.constexpr, WINDOW: nk.constexpr):
-    r, kv, g = nk.program_id(0), nk.program_id(1), nk.program_id(2)
-    head = kv * G + g
-    size = q.shape[3]
-    queries = nk.cast(nk.load(q[r, head, :, :]), nk.float32) * SCALE  # [Q, D]
+def _paged(q, cache, block_table, context_lens, query_lens, out, GP: nk.constexpr, BS: nk.constexpr,
+           CB: nk.constexpr, SCALE: nk.constexpr, WINDOW: nk.constexpr):
+    r, kv, part = nk.program_id(0), nk.program_id(1), nk.program_id(2)
+    rows, size = q.shape[2], q.shape[3]
+    first = kv * (q.shape[1] // cache.shape[1]) + part * GP  # this program's first query head
     context = nk.load(context_lens[nk.ds(r, 1)])  # [1]
     query_len = nk.load(query_lens[nk.ds(r, 1)])
-    rows = nk.arange(q.shape[2])
-    position = rows + (context - query_len)  # each query's position in its sequence
-    m = nk.full((q.shape[2], 1), _HIDDEN, nk.float32)
-    total = nk.zeros((q.shape[2], 1), nk.float32)
-    acc = nk.zeros((q.shape[2], size), nk.float32)
-    for j in nk.sequential_range(block_table.shape[1]):
-        block = nk.load(block_table[r, nk.ds(j, 1)])  # [1]: the block holding positions j*BS ...
-        slots = nk.arange(BS) + block * BS
-        keys = nk.cast(nk.load(cache[slots, kv, nk.ds(0, size)]), nk.float32)  # [BS, D]
-        values = nk.cast(nk.load(cache[slots, kv, nk.ds(size, size)]), nk.float32)
-        columns = nk.arange(BS) + j * BS
+    # The program's query heads share their KV head: stacked, one matmul serves them all.
+    queries = nk.zeros((GP * rows, size), nk.float32)
+    row = nk.zeros((GP * rows,), nk.int32)  # each stacked row's query index
+    for g in nk.static_range(GP):
+        queries[g * rows:(g + 1) * rows, :] = nk.cast(nk.load(q[r, first + g, :, :]), nk.float32) * SCALE
+        row[g * rows:(g + 1) * rows] = nk.arange(rows)
+    position = row + (context - query_len)  # each query's position in its sequence
+    m = nk.full((GP * rows, 1), _HIDDEN, nk.float32)
+    total = nk.zeros((GP * rows, 1), nk.float32)
+    acc = nk.zeros((GP * rows, size), nk.float32)
+    for j in nk.sequential_range(block_table.shape[1] // CB):  # CB blocks at a time
+        keys = nk.zeros((CB * BS, size), nk.float32)
+        values = nk.zeros((CB * BS, size), nk.float32)
+        for b in nk.static_range(CB):
+            block = nk.load(block_table[r, nk.ds(j * CB + b, 1)])  # [1]: the block of positions (j*CB+b)*BS...
+            slots = nk.arange(BS) + block * BS
+            keys[b * BS:(b + 1) * BS, :] = nk.cast(nk.load(cache[slots, kv, nk.ds(0, size)]), nk.float32)
+            values[b * BS:(b + 1) * BS, :] = nk.cast(nk.load(cache[slots, kv, nk.ds(size, size)]), nk.float32)
+        columns = nk.arange(CB * BS) + j * (CB * BS)
         visible = (columns[None, :] <= position[:, None]) & (columns[None, :] < context[:, None])
         if WINDOW:
             visible = visible & (columns[None, :] > position[:, None] - WINDOW)
@@ -58,13 +70,20 @@ def _paged(q, cache, block_table, context_lens, query_lens, out, G: nk.constexpr
         total[...] = total * rescale + nk.sum(p, axis=1, keepdims=True)
         acc[...] = acc * rescale + nk.matmul(p, values)
         m[...] = m_new
-    attended = acc / nk.maximum(total, 1.0e-30)
-    nk.store(out[r, head, :, :], nk.cast(nk.where((rows < query_len)[:, None], attended, 0.0), out.dtype))
+    attended = nk.where((row < query_len)[:, None], acc / nk.maximum(total, 1.0e-30), 0.0)
+    for g in nk.static_range(GP):
+        nk.store(out[r, first + g, :, :], nk.cast(attended[g * rows:(g + 1) * rows, :], out.dtype))
+
+
+def _group(q, cache) -> int:
+    """Query heads per program: the most of a KV head's group whose stacked
+    queries fit a tile's 128 rows."""
+    return row_block(q.shape[1] // cache.shape[1], max(1, nk.PMAX // q.shape[2]))
 
 
 def _constants(q, cache, block_table, context_lens, query_lens, scale, block_size, sliding_window):
-    return {"G": q.shape[1] // cache.shape[1], "BS": block_size, "SCALE": float(scale),
-            "WINDOW": int(sliding_window)}
+    return {"GP": _group(q, cache), "BS": block_size, "CB": row_block(block_table.shape[1], nk.PMAX // block_size),
+            "SCALE": float(scale), "WINDOW": int(sliding_window)}
 
 
 _paged_op = nk.op(
@@ -73,7 +92,7 @@ _paged_op = nk.op(
     outputs=lambda q, cache, block_table, context_lens, query_lens, scale, block_size, sliding_window: [
         (q.shape, q.dtype)],
     grid=lambda q, cache, block_table, context_lens, query_lens, scale, block_size, sliding_window: (
-        q.shape[0], cache.shape[1], q.shape[1] // cache.shape[1]),
+        q.shape[0], cache.shape[1], q.shape[1] // cache.shape[1] // _group(q, cache)),
     constants=_constants)
 
 
