@@ -4,7 +4,8 @@ measured side by side.
 
     python bench/kernels.py [--repeats 7] [--write docs/benchmarks.md]
 
-Flash attention also reports peak device memory of one call against the
+Paged attention (vLLM's attention on neuron) is timed at a decode and a
+prefill step. Flash attention also reports peak device memory of one call against the
 eager composite (scaled_dot_product_attention's math on neuron), whose
 scores grow with the square of the sequence.
 """
@@ -55,6 +56,24 @@ def cases():
             forward_backward(K.flash_attention), forward_backward(K.flash_attention_reference), (q, k, v),
             {"causal": True}),
         "moe 512 tokens, 8 experts, top 2, 128 -> 512 -> 128": (K.moe, K.moe_reference, (tokens, probs, w1, w2), {}),
+        **_paged_cases(),
+    }
+
+
+def _paged_cases() -> dict:
+    """vLLM's attention steps on a paged cache of 16-token blocks: 16 requests, 8 query heads on 2 KV
+    heads of 64; decode (one query each) over 256-token contexts, and a prefill of 64 tokens each."""
+    requests, blocks = 16, 16
+    cache = torch.randn((requests * blocks + 1) * 16, 2, 128)
+    table = torch.randperm(requests * blocks, dtype=torch.int32).add(1).reshape(requests, blocks)
+    lengths = lambda n: torch.full((requests,), n, dtype=torch.int32)  # noqa: E731
+    decode = (torch.randn(requests, 8, 1, 64), cache, table, lengths(250), lengths(1))
+    prefill = (torch.randn(requests, 8, 64, 64), cache, table[:, :4], lengths(64), lengths(64))
+    return {
+        "paged_attention decode, 16 requests x 8 heads (2 KV) x 256 context": (
+            K.paged_attention, K.paged_attention_reference, decode, {}),
+        "paged_attention prefill, 16 requests x 8 heads (2 KV) x 64 tokens": (
+            K.paged_attention, K.paged_attention_reference, prefill, {}),
     }
 
 

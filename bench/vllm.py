@@ -179,9 +179,9 @@ def main() -> None:
         f"{', '.join(restarted['host_path_ops']) or 'none'}.",
         "",
         "On a model this small every step is launch-bound: vLLM's step on neuron is many small executables "
-        "(the host builds the attention metadata; blocks are gathered, SDPA runs padded, rows scattered back), "
-        "so decoding runs at a fraction of vLLM's CPU kernels, and below Hugging Face `generate` on neuron, "
-        "which does less per step. Bucketing shows in the cold start: vLLM on neuron compiled "
+        "(the host builds the step's index tensors, attention is one paged-attention kernel launch a layer, "
+        "the rows are scattered back), so decoding runs at a fraction of vLLM's CPU kernels. Bucketing shows "
+        "in the cold start: vLLM on neuron compiled "
         f"{rows['vLLM on neuron, cold']['sources'].get('compiled', 0)} executables, `generate` (new shapes "
         "every decode step) several times as many.",
     ]
