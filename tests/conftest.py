@@ -146,3 +146,12 @@ def assert_same(neuron_value, cpu_value, **tol):
     assert isinstance(neuron_value, torch.Tensor)
     assert neuron_value.device.type == "neuron", neuron_value.device
     torch.testing.assert_close(neuron_value.cpu(), cpu_value, **tol)
+
+
+# The slowest file first: --dist loadfile gives it one worker from the start
+# while the other takes the rest, instead of leaving it alone at the end.
+_FIRST = ("test_vllm.py",)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: item.path.name not in _FIRST)  # stable: the rest keep their order
