@@ -32,11 +32,15 @@ def test_round_trip_and_compute(dtype):
             torch.testing.assert_close(n.max().cpu(), x.max())
 
 
+FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+          torch.float8_e8m0fnu]  # storage and casts only, as on CPU (tests/test_float8.py)
+
+
 def test_supported_dtypes_listed():
-    assert set(torchneuron.supported_dtypes()) == set(DTYPES)
+    assert set(torchneuron.supported_dtypes()) == set(DTYPES + FLOAT8)
 
 
-@pytest.mark.parametrize("dtype", [torch.complex32, torch.float8_e4m3fn, torch.uint16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.complex32, torch.uint16, torch.uint32, torch.float4_e2m1fn_x2], ids=str)
 def test_unsupported_dtype_fails_clearly(dtype):
     with pytest.raises(TypeError, match="cannot be held by the current target"):
         torch.zeros(3, dtype=dtype, device="neuron")

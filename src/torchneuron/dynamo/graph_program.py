@@ -37,6 +37,7 @@ from ..lowering import NotCompilable
 from ..lowering.aliasing import element_by_element
 from ..lowering.graph import export_to_mlir
 from ..lowering.isolation import outside_program_modes
+from ..lowering.rules.float8 import refuse_float8_graph
 from ..runtime import LoadedExecutable, device_queue
 from ..runtime import generators as neuron_random
 from ..runtime.queue import queue_recorded
@@ -94,6 +95,7 @@ class GraphProgram:
                 raise NotCompilable(f"size input {expr} is not computable from the tensor inputs' sizes")
             self.size_inputs[pos] = expr
         self.dynamic = bool(self.symbols)
+        refuse_float8_graph(gm)
         self.gm = _on_cpu(gm)
         self.randoms = _take_randoms(self.gm)
         self.n_returned = _output_count(self.gm)

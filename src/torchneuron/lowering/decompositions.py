@@ -10,8 +10,8 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
-from .rules import (amp, convolution_backward, convolution_products, depthwise_taps, double_evaluation, float32_moments,
-                    float_division, hyperbolic, interpolation_backward, linalg, long_convolutions, long_scans,
+from .rules import (amp, convolution_backward, convolution_products, depthwise_taps, double_evaluation, float8,
+                    float32_moments, float_division, hyperbolic, interpolation_backward, linalg, long_convolutions, long_scans,
                     long_sums, nan_propagation, rnn_cells, softmax_rows, special, split_k, tensor_ops, trigonometry)
 
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -361,6 +361,8 @@ def decomposition_table() -> dict:
         for op, rule in module.decompositions().items():
             table[op] = _first_of(rule, table[op]) if op in table else rule
     table[torch.ops.aten.neg.default] = _negate_integers
+    for op, rule in float8.decompositions().items():  # casts to and from float8, bit for bit as CPU's
+        table[op] = _first_of(rule, table[op]) if op in table else rule
     moments = float32_moments.decompositions()  # float32 moments in float32 on GPU targets
     for op in (torch.ops.aten.native_layer_norm.default, torch.ops.aten.native_group_norm.default):
         table[op] = _first_of(_normalization_in_float32(op), moments[op]) if op in moments \

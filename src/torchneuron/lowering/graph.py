@@ -27,6 +27,7 @@ from .aliasing import InPlaceHazard, hazardous_inputs
 from .call import CallSignature, NotCompilable, numbers_as_tensors, rebuild
 from .carriers import as_integer, carrier_dtypes
 from .isolation import outside_program_modes
+from .rules.float8 import refuse_float8_operands
 from .strided import strided_index, strided_view
 
 
@@ -161,6 +162,7 @@ def call_results(op, info, sig: CallSignature):
 
 
 def _call_results(op, info, sig: CallSignature):
+    refuse_float8_operands(op, [s.dtype for s in sig.specs])
     metas = [_meta(s) for s in sig.specs]
     before = [tuple(m.shape) for m in metas]
     try:

@@ -18,4 +18,9 @@ SUPPORTED_DTYPES = (
     torch.bool,
     torch.complex64,
     torch.complex128,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz,
+    torch.float8_e8m0fnu,
 )

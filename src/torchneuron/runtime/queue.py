@@ -55,8 +55,11 @@ def _init_types():
         torch.float64: E.FLOAT_64, torch.int8: E.SINT_8, torch.int16: E.SINT_16,
         torch.int32: E.SINT_32, torch.int64: E.SINT_64, torch.uint8: E.UINT_8, torch.bool: E.BOOL_8,
         torch.complex64: E.COMPLEX_64, torch.complex128: E.COMPLEX_128,
-        # The carrier of 8-bit integers an executable writes (lowering/carriers.py).
-        torch.float8_e4m3fn: E.FLOAT_8_E4M3_FN,
+        # float8_e4m3fn is also the carrier of 8-bit integers an executable
+        # writes (lowering/carriers.py).
+        torch.float8_e4m3fn: E.FLOAT_8_E4M3_FN, torch.float8_e5m2: E.FLOAT_8_E5M2,
+        torch.float8_e4m3fnuz: E.FLOAT_8_E4M3_FNUZ, torch.float8_e5m2fnuz: E.FLOAT_8_E5M2_FNUZ,
+        torch.float8_e8m0fnu: E.FLOAT_8_E8M0_FNU,
     }
 
 
