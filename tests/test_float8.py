@@ -201,3 +201,155 @@ def test_ops_that_move_float8_values_compile_and_equal_cpus(strict_compile):
     for name, op in LAYOUT_OPS.items():
         ours = op(x.to("neuron"), y.to("neuron"), m.to("neuron"), i.to("neuron"))
         assert_same_bits(ours, op(x, y, m, i), name)
+
+
+# -- scaled matmuls ------------------------------------------------------------------
+
+M, K, N = 32, 64, 48
+
+
+def _operands(dtype_a=torch.float8_e4m3fn, dtype_b=torch.float8_e4m3fn):
+    g = torch.Generator().manual_seed(0)
+    a = (torch.randn(M, K, generator=g) * 3).to(dtype_a)
+    b = (torch.randn(N, K, generator=g) * 3).to(dtype_b).t()  # column-major, as _scaled_mm wants
+    return a, b
+
+
+SCALED_MM_CASES = {
+    "tensorwise-float32": dict(scale_a=torch.tensor(0.5), scale_b=torch.tensor(2.0), out_dtype=torch.float32),
+    "tensorwise-bias-bfloat16": dict(scale_a=torch.tensor(0.5), scale_b=torch.tensor(2.0),
+                                     bias=torch.randn(N).to(torch.bfloat16), out_dtype=torch.bfloat16),
+    "rowwise-bfloat16": dict(scale_a=torch.rand(M, 1) + 0.5, scale_b=torch.rand(1, N) + 0.5,
+                             out_dtype=torch.bfloat16),
+    "float8-out-scale-result": dict(scale_a=torch.tensor(0.5), scale_b=torch.tensor(2.0),
+                                    scale_result=torch.tensor(4.0), out_dtype=torch.float8_e4m3fn),
+    "e5m2-fast-accum-float16": dict(scale_a=torch.tensor(0.25), scale_b=torch.tensor(1.0),
+                                    out_dtype=torch.float16, use_fast_accum=True, e5m2=True),
+}
+
+
+@pytest.mark.compile_wait
+@pytest.mark.parametrize("case", SCALED_MM_CASES, ids=str)
+def test_scaled_mm_equals_cpus(case, strict_compile):
+    kwargs = dict(SCALED_MM_CASES[case])
+    a, b = _operands(torch.float8_e5m2 if kwargs.pop("e5m2", False) else torch.float8_e4m3fn)
+    expected = torch._scaled_mm(a, b, **kwargs)
+    on_device = {k: v.to("neuron") if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    na, nb = a.to("neuron"), b.to("neuron")
+    ours = torch._scaled_mm(na, nb, **on_device)
+    assert ours.dtype == expected.dtype and ours.shape == expected.shape
+    if expected.dtype in FLOAT8:  # (a CPU with AMX computes in oneDNN: one float8 step apart at most)
+        torch.testing.assert_close(ours.cpu().float(), expected.float(), rtol=0.125, atol=0)
+    else:
+        torch.testing.assert_close(ours.cpu().float(), expected.float(), rtol=1e-5, atol=1e-3)
+    for name, value in [("a", (na, a)), ("b", (nb, b))] + [(k, (on_device[k], v)) for k, v in kwargs.items()
+                                                           if isinstance(v, torch.Tensor)]:
+        assert torch.equal(bits(value[0]), bits(value[1])), f"_scaled_mm changed {name}"
+
+
+def test_scaled_mm_with_a_scale_of_the_wrong_shape_raises_cpus_error():
+    a, b = _operands()
+    bad = dict(scale_a=torch.rand(M), scale_b=torch.tensor(1.0), out_dtype=torch.bfloat16)
+    with pytest.raises(ValueError) as on_cpu:
+        torch._scaled_mm(a, b, **bad)
+    with pytest.raises(ValueError) as on_neuron:
+        torch._scaled_mm(a.to("neuron"), b.to("neuron"), **{k: v.to("neuron") if isinstance(v, torch.Tensor) else v
+                                                           for k, v in bad.items()})
+    assert str(on_neuron.value).split("Got")[0] == str(on_cpu.value).split("Got")[0]
+
+
+@pytest.mark.compile_wait
+def test_scaled_mm_in_adaptive_eager_and_under_torch_compile(strict_compile):
+    """The float8 linear's forward (scales from amax, casts, _scaled_mm) as
+    adaptive eager graphs and as one torch.compile graph."""
+
+    def linear(x, w):
+        def scale_of(t):
+            return (448.0 / t.abs().amax().to(torch.float64).clamp(min=1e-12)).to(torch.float32)
+
+        sx, sw = scale_of(x), scale_of(w)
+        qx = (x.to(torch.float32) * sx).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        qw = (w.to(torch.float32) * sw).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        return torch._scaled_mm(qx, qw.t(), sx.reciprocal(), sw.reciprocal(), out_dtype=torch.bfloat16)
+
+    x, w = torch.randn(M, K, dtype=torch.bfloat16), torch.randn(N, K, dtype=torch.bfloat16)
+    expected = linear(x, w)
+    with torchneuron.eager_mode("adaptive"):
+        for _ in range(2):
+            ours = linear(x.to("neuron"), w.to("neuron"))
+            torch.testing.assert_close(ours.cpu(), expected, rtol=1.6e-2, atol=1e-2)
+    compiled = torch.compile(linear, backend="neuron", options={"strict": True})
+    torch.testing.assert_close(compiled(x.to("neuron"), w.to("neuron")).cpu(), expected, rtol=1.6e-2, atol=1e-2)
+    assert torchneuron.compile_stats()["dynamo"].get("graphs_compiled", 0) >= 1
+
+
+@pytest.mark.compile_wait
+def test_int_mm_equals_cpus(strict_compile):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-128, 128, (32, 64), dtype=torch.int8, generator=g)
+    y = torch.randint(-128, 128, (64, 48), dtype=torch.int8, generator=g)
+    ours = torch._int_mm(x.to("neuron"), y.to("neuron"))
+    assert ours.dtype == torch.int32
+    assert torch.equal(ours.cpu(), torch._int_mm(x, y))
+
+
+# -- TorchAO ---------------------------------------------------------------------------
+
+def _train_float8_mlp(device, recipe, steps=10):
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    torch.manual_seed(0)
+    # (layers of one shape: their casts and matmuls share executables)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64),
+                                torch.nn.GELU(), torch.nn.Linear(64, 64))
+    model = convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x, y = torch.randn(32, 64, generator=g), torch.randn(32, 64, generator=g)
+        loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+@pytest.mark.compile_wait
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_torchao_float8_training_follows_cpu(recipe, strict_compile):
+    """TorchAO's convert_to_float8_training (Float8Linear: amax, scales, casts
+    and _scaled_mm in forward and backward), 10 SGD steps: CPU's losses and
+    weights. (A 20-step float8 GPT run follows CPU only as far as CPU follows
+    itself: float8 rounding makes it chaotic, see docs/benchmarks.md.)"""
+    cpu_losses, cpu_model = _train_float8_mlp("cpu", recipe)
+    losses, model = _train_float8_mlp("neuron", recipe)
+    assert type(model[0]).__name__ == "Float8Linear"
+    for ours, theirs in zip(losses, cpu_losses):
+        assert abs(ours - theirs) <= 1e-4 * abs(theirs), (losses, cpu_losses)
+    for (name, p), q in zip(model.named_parameters(), cpu_model.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.compile_wait
+def test_torchao_quantized_linear_layers_equal_cpus(strict_compile):
+    """quantize_ with int8 weight-only, int8 dynamic activation + int8 weight,
+    and int4 weight-only (IntxWeightOnlyConfig, plain aten ops off CUDA): the
+    quantized model on neuron gives the quantized model's CPU outputs."""
+    import copy
+
+    from torchao.quantization import (Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig,
+                                      IntxWeightOnlyConfig, quantize_)
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 32))
+    x = torch.randn(8, 64)
+    for config in (Int8WeightOnlyConfig(), Int8DynamicActivationInt8WeightConfig(),
+                   IntxWeightOnlyConfig(weight_dtype=torch.int4)):
+        cpu, neuron = copy.deepcopy(base), copy.deepcopy(base).to("neuron")
+        quantize_(cpu, config)
+        quantize_(neuron, config)
+        assert type(neuron[0].weight).__name__ == type(cpu[0].weight).__name__ != "Parameter"
+        torch.testing.assert_close(neuron(x.to("neuron")).cpu(), cpu(x), rtol=1e-5, atol=1e-5,
+                                   msg=type(config).__name__)

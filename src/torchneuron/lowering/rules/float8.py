@@ -6,9 +6,12 @@ writes NaN with another sign bit, it truncates where c10 rounds
 float8_e8m0fnu up, and it flushes e8m0fnu's smallest value (2^-127, a
 float32 denormal) to zero. So a cast never reaches IREE as a float8 convert:
 
-- from float8: a gather from the 256 results of CPU's own cast, taken once
-  per dtype pair when the graph is traced (exact for every bit pattern by
-  construction, special values and NaN payloads included);
+- from float8: the value's bits built in the target's format (float32,
+  float64, bfloat16; other targets cast that float32 with PyTorch's own
+  rules) by integer arithmetic, and the few codes where that differs from
+  CPU's cast (NaN and infinity patterns, e8m0fnu's ends) replaced by CPU's
+  bits, found by running the same arithmetic on the CPU over all 256 codes
+  when the graph is traced: exact for every code by construction;
 - to float8: c10's conversion from float32 (torch/headeronly/util/Float8_*.h)
   in integer arithmetic on the float32 bits. c10 rounds subnormals by adding
   a power of two in float arithmetic; here that rounding is done on the
@@ -146,26 +149,26 @@ def _to_float8(x, dtype):
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 # The float targets a float8 value is written into bit by bit: (exponent
-# bias, mantissa bits, the integer dtype of its bits). Other targets take the
-# float32 value and PyTorch's own cast from float32 (no float8 value is a
-# float32 denormal but e8m0fnu's 2^-127, which these three cover).
+# bias, mantissa bits, exponent bits). Other targets take the float32 value
+# and PyTorch's own cast from float32 (no float8 value is a float32 denormal
+# but e8m0fnu's 2^-127, which these three cover, and bool, below).
 _WIDENED = {
-    torch.float32: (127, 23, torch.int32),
-    torch.float64: (1023, 52, torch.int64),
-    torch.bfloat16: (127, 7, torch.int16),
+    torch.float32: (127, 23, 8),
+    torch.float64: (1023, 52, 11),
+    torch.bfloat16: (127, 7, 8),
 }
 
 
 def _widened_bits(code, source, target):
     """A float8 value's bits in `target` (int64 tensor from int64 codes 0..255),
-    right for every finite value but subnormal results; the rest are corrected
-    by _exceptions."""
-    bias, mantissa_bits, _ = _WIDENED[target]
+    right for every finite value that is normal in the target; _exceptions
+    corrects the rest."""
+    bias, mantissa_bits, exponent_bits = _WIDENED[target]
     if source == torch.float8_e8m0fnu:
         return _shl(code - 127 + bias, mantissa_bits)
     fmt = _FORMATS[source]
     m_bits = fmt.mantissa_bits
-    sign = _shl(_shr(code, 7), _exponent_bits(target) + mantissa_bits)  # the target's sign bit
+    sign = _shl(_shr(code, 7), exponent_bits + mantissa_bits)  # the target's sign bit
     exponent = _and(_shr(code, m_bits), (1 << (7 - m_bits)) - 1)
     mantissa = _and(code, (1 << m_bits) - 1)
     normal = _shl(exponent - fmt.bias + bias, mantissa_bits) + _shl(mantissa, mantissa_bits - m_bits)
@@ -177,10 +180,6 @@ def _widened_bits(code, source, target):
     subnormal = _shl(lead + (1 - fmt.bias - m_bits) + bias, mantissa_bits) + _shl(rest, mantissa_bits - lead)
     magnitude = torch.where(exponent > 0, normal, torch.where(mantissa > 0, subnormal, torch.zeros_like(code)))
     return magnitude + sign
-
-
-def _exponent_bits(target):
-    return {torch.float32: 8, torch.float64: 11, torch.bfloat16: 8}[target]
 
 
 def _target_bits(bits, target):
@@ -258,8 +257,30 @@ def fill(x, value):
     return aten.clone.default(to_copy(wide, dtype=x.dtype))
 
 
+def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+    """torch._scaled_mm as CPU computes it (_scaled_mm_out_cpu_emulated): each
+    operand in float32 times its scale (tensorwise: one number; rowwise: a's
+    [M, 1] and b's [1, N]), a float32 matmul, the bias added in float32, a
+    float8 result divided by scale_result, then cast. use_fast_accum changes
+    nothing on CPU, nor here. (The meta kernel has checked the shapes and
+    the scaling configuration: a call it rejects runs on the host path,
+    which raises CPU's error.)"""
+    if a.dtype not in FLOAT8_DTYPES or b.dtype not in FLOAT8_DTYPES:
+        return NotImplemented
+    out_dtype = out_dtype or a.dtype
+    wide_a = to_copy(a, dtype=torch.float32) * scale_a
+    wide_b = to_copy(b, dtype=torch.float32) * scale_b
+    out = torch.mm(wide_a, wide_b)
+    if bias is not None:
+        out = out + aten._to_copy.default(bias, dtype=torch.float32)
+    if scale_result is not None and out_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        out = out * torch.reciprocal(scale_result.reshape(()))
+    return out if out_dtype == torch.float32 else aten._to_copy.default(out, dtype=out_dtype)
+
+
 def decompositions() -> dict:
-    return {aten._to_copy.default: to_copy, aten.copy.default: copy, aten.fill.Scalar: fill, aten.fill.Tensor: fill}
+    return {aten._to_copy.default: to_copy, aten.copy.default: copy, aten.fill.Scalar: fill, aten.fill.Tensor: fill,
+            aten._scaled_mm.default: scaled_mm}
 
 
 # Ops compiled with float8 operands: the casts above and the ops that only
@@ -280,6 +301,7 @@ _MOVES_VALUES = (
     "transpose_copy.int", "unfold_copy.default", "diagonal_copy.default", "_reshape_copy.default",
     "as_strided_copy.default", "alias_copy.default", "t_copy.default", "unsqueeze_copy.default",
     "squeeze_copy.dims", "select_copy.int", "split_with_sizes_copy.default", "unbind_copy.int",
+    "_scaled_mm.default",  # (its own rule above: in float32, as CPU's)
 )
 
 
