@@ -343,7 +343,7 @@ def test_torchao_quantized_linear_layers_equal_cpus(strict_compile):
                                       IntxWeightOnlyConfig, quantize_)
 
     torch.manual_seed(0)
-    base = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 32))
+    base = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64))
     x = torch.randn(8, 64)
     for config in (Int8WeightOnlyConfig(), Int8DynamicActivationInt8WeightConfig(),
                    IntxWeightOnlyConfig(weight_dtype=torch.int4)):
@@ -353,3 +353,29 @@ def test_torchao_quantized_linear_layers_equal_cpus(strict_compile):
         assert type(neuron[0].weight).__name__ == type(cpu[0].weight).__name__ != "Parameter"
         torch.testing.assert_close(neuron(x.to("neuron")).cpu(), cpu(x), rtol=1e-5, atol=1e-5,
                                    msg=type(config).__name__)
+
+
+@pytest.mark.compile_wait
+@pytest.mark.parametrize("element", ["mxfp8"])  # (mxfp4, packed float4 elements, passed too: 50 s more)
+def test_torchao_mx_formats_emulated_equal_cpus(element):
+    """TorchAO's MX inference config (block scales in float8_e8m0fnu, elements
+    in float8_e4m3fn or packed float4), with its emulated kernel (the one that
+    runs off Blackwell GPUs): the quantized layer gives CPU's outputs."""
+    import copy
+
+    from torchao.prototype.mx_formats import MXDynamicActivationMXWeightConfig
+    from torchao.quantization import quantize_
+    from torchao.quantization.quantize_.common import KernelPreference
+
+    dtype = torch.float8_e4m3fn if element == "mxfp8" else torch.float4_e2m1fn_x2
+    config = MXDynamicActivationMXWeightConfig(activation_dtype=dtype, weight_dtype=dtype,
+                                               kernel_preference=KernelPreference.EMULATED)
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(64, 64)).to(torch.bfloat16)
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    cpu, neuron = copy.deepcopy(base), copy.deepcopy(base).to("neuron")
+    quantize_(cpu, config)
+    quantize_(neuron, config)
+    assert type(neuron[0].weight).__name__ == "MXTensor"
+    with torch.no_grad():
+        torch.testing.assert_close(neuron(x.to("neuron")).cpu(), cpu(x), rtol=1.6e-2, atol=1e-2)

@@ -44,6 +44,9 @@ DTYPES = {
     "int64": torch.int64,
     "bool": torch.bool,
     "complex64": torch.complex64,
+    # (PyTorch's op database has float8 samples for _scaled_mm, _scaled_mm_v2 and eye: compared exactly)
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
 }
 
 # Device-vs-CPU (rtol, atol). float16/bfloat16: the larger of assert_close's

@@ -246,8 +246,8 @@ def copy(dst, src, non_blocking=False):
 
 
 def fill(x, value):
-    """aten.fill of a float8 tensor: the value cast as a float32 tensor is
-    (CPU casts the number through float too)."""
+    """aten.fill of a float8 tensor: the value, as float32, cast to float8 by
+    the rule above (CPU casts the number through float too)."""
     if x.dtype not in FLOAT8_DTYPES:
         return NotImplemented
     if isinstance(value, torch.Tensor):
