@@ -392,3 +392,19 @@ def test_argument_snapshots_take_one_element_tensors_of_any_stride():
     assert argument_checks.changed([t], before) == []
     t.fill_(8)
     assert argument_checks.changed([t], before) == [0]
+
+
+def test_float8_signatures_are_recorded_and_pass_the_unit_stage(tmp_path):
+    """The registry records float8 calls (casts, _scaled_mm) like any other,
+    and the unit stage regenerates and compares them."""
+    path = str(tmp_path / "float8.sqlite")
+    x, w = torch.randn(32, 64).neuron(), torch.randn(48, 64).neuron()
+    with record_shapes(path, model="float8"):
+        q, qw = x.to(torch.float8_e4m3fn), w.to(torch.float8_e5m2)
+        one = torch.ones((), device="neuron")
+        torch._scaled_mm(q, qw.t(), one, one, out_dtype=torch.bfloat16)
+        q.to(torch.bfloat16)
+    rows = registry.rows(path)
+    assert {"aten._to_copy.default", "aten._scaled_mm.default"} <= {op for op, *_ in rows}
+    counts, failed = _unit_failures(rows)
+    assert failed == [] and counts.get("pass", 0) == len(rows), counts
