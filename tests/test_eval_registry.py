@@ -90,17 +90,17 @@ def test_unit_stage_on_the_demo_registry_passes():
 
 
 def test_unit_stage_on_a_sample_of_the_census_registry_passes():
-    """What CI runs of the census's registry (every model's signatures): 300
-    of them, spread over its ops (every op's first signature, then second
-    ones); `torchneuron eval --stage unit` runs all. (1000 took 25 minutes of
-    a CI worker, cold; 400 about 4.)"""
+    """What CI runs of the census's registry (every model's signatures): each
+    op's first signature (240 ops); `torchneuron eval --stage unit` runs all.
+    (1000 took 25 minutes of a CI worker, cold; 400 about 4; 300 3:12.)"""
     assert stages.DEFAULT_REGISTRY == stages.CENSUS_REGISTRY
     found = registry.rows(stages.CENSUS_REGISTRY)
     assert len({m for _, _, _, models in found for m in models}) >= 300
-    sample = registry.sample(found, 300)
-    assert len(sample) == 300 and {op for op, _, _, _ in sample} == {op for op, _, _, _ in found}
+    ops = {op for op, _, _, _ in found}
+    sample = registry.sample(found, len(ops))
+    assert len(sample) == len(ops) >= 240 and {op for op, _, _, _ in sample} == ops
     counts, failed = _unit_failures(sample)
-    assert counts.get("pass", 0) >= 240, counts
+    assert counts.get("pass", 0) >= 0.8 * len(sample), counts
     assert failed == []
 
 

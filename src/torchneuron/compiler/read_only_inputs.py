@@ -67,13 +67,34 @@ def protect_inputs(torch_mlir: str, indices) -> str:
             continue  # already an argument the op writes
         ttype = "!torch.tensor<" + vtype[len("!torch.vtensor<"):]
         params[i] = f"{name}_in: {ttype}"
-        prologue.append(f"    {name} = torch.copy.to_vtensor {name}_in : {vtype}\n")
+        prologue.append(_read_of_argument(name, vtype))
         epilogue.append(f"    torch.overwrite.tensor.contents {name} overwrites {name}_in : {vtype}, {ttype}\n")
     head = f"func.func @main({', '.join(params)}){m.group(2) or ''} {{\n"
     body_start = m.end()
     body_end = torch_mlir.index("    return\n", body_start)
     return (torch_mlir[: m.start()] + head + "".join(prologue) + torch_mlir[body_start:body_end]
             + "".join(epilogue) + torch_mlir[body_end:])
+
+
+_VTENSOR = re.compile(r"!torch\.vtensor<\[([^\]]*)\],([su]i\d+)>$")
+
+
+def _read_of_argument(name: str, vtype: str) -> str:
+    """The torch-level value of argument `name`_in. IREE 3.13 imports a
+    signed or unsigned integer argument the function writes as a tensor of
+    that type and then finds no conversion to the signless type everything
+    else uses ("unresolved target materialization from tensor<4xsi32> to
+    tensor<4xi32>"); a bitcast to the signless type gives it one."""
+    m = _VTENSOR.match(vtype)
+    if m is None:
+        return f"    {name} = torch.copy.to_vtensor {name}_in : {vtype}\n"
+    dims, element = m.group(1), m.group(2)
+    shape = "".join(f"{d.strip()}x" for d in dims.split(",") if d.strip())
+    signed, signless = f"tensor<{shape}{element}>", f"tensor<{shape}i{element[2:]}>"
+    return (f"    {name}_raw = torch.copy.to_vtensor {name}_in : {vtype}\n"
+            f"    {name}_signed = torch_c.to_builtin_tensor {name}_raw : {vtype} -> {signed}\n"
+            f"    {name}_signless = tensor.bitcast {name}_signed : {signed} to {signless}\n"
+            f"    {name} = torch_c.from_builtin_tensor {name}_signless : {signless} -> {vtype}\n")
 
 
 def _split_params(text: str) -> list:

@@ -165,7 +165,12 @@ def _builds_in_line() -> bool:
 
 def _build_in_background(op, info, sig, target, disk, pid):
     try:
-        return _build_or_read(op, info, sig, target, disk, pid, lower_call_elsewhere)
+        plan = _build_or_read(op, info, sig, target, disk, pid, lower_call_elsewhere)
+        if type(plan) is Rejected:
+            # Reported now, not when the op is next called: a program that
+            # never calls it again still sees it in compile_stats().
+            stats.fallback_reasons.setdefault(info.name, plan.reason)
+        return plan
     except _Retry:
         # The op needs its scalars as constants: build that signature now
         # too, so a program that exits before calling the op again still

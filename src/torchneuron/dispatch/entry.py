@@ -293,8 +293,40 @@ def _convolution_overrideable(input, weight, bias, stride, padding, dilation, tr
     return _run_on_host(op, op_info(op), args, {}, input.device, "a convolution the compiler declined")
 
 
+_COUNTABLE = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _bincount(x, weights=None, minlength=0):
+    """bincount as CUDA computes it: the result's length (the largest value
+    + 1, at least minlength) read from the device, then a compiled
+    index_add of ones or of the weights. CPU's result dtype and its errors;
+    other inputs (float, bool) take the host path and CPU's error."""
+    if x.dtype not in _COUNTABLE or (weights is not None and (weights.dtype.is_complex or weights.dtype == torch.bool)):
+        return NotImplemented
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
+    if x.dim() != 1:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if weights is not None and (weights.dim() != 1 or weights.shape[0] != x.shape[0]):
+        raise RuntimeError("weights should be 1-d and have the same length as input")
+    if not x.numel():
+        return torch.zeros(minlength, dtype=torch.int64, device=x.device)  # CPU's, whatever the weights
+    x = x.long()
+    smallest, largest = torch.stack([x.min(), x.max()]).tolist()  # one read, as CUDA's kernel reads
+    if smallest < 0:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    length = max(minlength, largest + 1)
+    if weights is None:
+        counted, dtype = torch.ones_like(x, dtype=torch.int64), torch.int64
+    else:
+        dtype = torch.float32 if weights.dtype == torch.float32 else torch.float64
+        counted = weights.to(dtype)
+    return torch.zeros(length, dtype=dtype, device=x.device).index_add_(0, x, counted)
+
+
 # Ops that are better expressed through other device ops than compiled whole.
 _REWRITES = {
+    "aten.bincount.default": _bincount,
     "aten.convolution_overrideable.default": _convolution_overrideable,
     "aten.equal.default": _equal,
     "aten.convolution_backward_overrideable.default": _convolution_backward_overrideable,

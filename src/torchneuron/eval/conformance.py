@@ -42,6 +42,10 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
     "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
     "bool": torch.bool,
     "complex64": torch.complex64,
     # (PyTorch's op database has float8 samples for _scaled_mm, _scaled_mm_v2 and eye: compared exactly)

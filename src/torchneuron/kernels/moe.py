@@ -104,7 +104,8 @@ def moe_routed(x, weights, experts, w1, w2):
     top_k = experts.shape[1]
     assigned = experts.reshape(-1).long()
     order = torch.argsort(assigned, stable=True)
-    counts = torch.bincount(assigned, minlength=n_experts)
+    # (bincount would read the largest id back first; the length is known)
+    counts = torch.zeros(n_experts, dtype=torch.int64, device=x.device).index_add_(0, assigned, torch.ones_like(assigned))
     capacity = max(1, -(-int(counts.max()) // _BLOCK)) * _BLOCK  # the busiest expert's slots (a host read)
     starts = torch.cumsum(counts, 0) - counts
     sorted_experts = assigned[order]

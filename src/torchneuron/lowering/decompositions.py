@@ -12,7 +12,8 @@ from torch._decomp import core_aten_decompositions, decomposition_table as _all_
 
 from .rules import (amp, convolution_backward, convolution_products, depthwise_taps, double_evaluation, float8,
                     float32_moments, float_division, hyperbolic, interpolation_backward, linalg, long_convolutions, long_scans,
-                    long_sums, nan_propagation, rnn_cells, softmax_rows, special, split_k, tensor_ops, trigonometry)
+                    long_sums, nan_propagation, rnn_cells, softmax_rows, special, split_k, tensor_ops, trigonometry,
+                    unsigned_bytes)
 
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -392,4 +393,5 @@ def decomposition_table() -> dict:
             op = getattr(packet, overload)
             if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeExplicitAutograd"):
                 table[op] = _foreach_decomposition(op)
+    table.update(unsigned_bytes.rules(table))  # uint8 operands in int32, over every rule above
     return table

@@ -154,21 +154,64 @@ def _sorted_indices(x, dim, descending, stable):
     sort is not stable, torch-mlir lowers no sort.stable); any other sorts the
     int32 keys."""
     dim = dim % x.dim()
-    n = x.shape[dim]
     if not stable:
         return torch.sort(_order_key(x), dim=dim, descending=descending).indices
+    return _stable_order(_order_key(x), dim, descending)
+
+
+def _stable_order(key, dim, descending):
+    """Indices of a stable sort of integer keys of at most 32 bits along dim:
+    the int64 key * n + position has no ties left, so IREE's sort gives CPU's
+    order of equal keys (their positions) too."""
+    n = key.shape[dim]
     if n > _STABLE_ROW_LIMIT:
         return None
-    shape = [1] * x.dim()
+    shape = [1] * key.dim()
     shape[dim] = n
-    positions = torch.arange(n, device=x.device).reshape(shape)
+    positions = torch.arange(n, device=key.device).reshape(shape)
     if descending:  # the first of equal elements has the larger combined key
         positions = torch.full_like(positions, n - 1) - positions
-    key = _order_key(x).to(torch.int64) * n + positions
-    return torch.sort(key, dim=dim, descending=descending).indices
+    combined = key.to(torch.int64) * n + positions
+    return torch.sort(combined, dim=dim, descending=descending).indices
+
+
+# Elements compared pairwise to rank int64 keys, at most (n^2 per row).
+_PAIRWISE_LIMIT = 1 << 22
+
+
+def _int64_rank(x, dim):
+    """For each element, how many along dim are smaller: a key of at most 32
+    bits that orders x as x does (int64 values themselves leave no room for
+    the position beside them)."""
+    rows = x.movedim(dim, -1)
+    smaller = (rows.unsqueeze(-2) < rows.unsqueeze(-1)).sum(-1)
+    return smaller.movedim(-1, dim)
+
+
+def _integer_sort(x, dim, descending, stable):
+    """A stable sort of integers or bools in CPU's order, or NotImplemented
+    (rows too long to sort in one workgroup, or to rank pairwise)."""
+    if x.dim() == 0:
+        return NotImplemented
+    dim = dim % x.dim()
+    if x.dtype == torch.int64:
+        if x.numel() * x.shape[dim] > _PAIRWISE_LIMIT:
+            return NotImplemented
+        key = _int64_rank(x, dim)
+    else:
+        key = x
+    indices = _stable_order(key, dim, descending)
+    if indices is None:
+        return NotImplemented
+    return torch.gather(x, dim, indices), indices
+
+
+_INTEGERS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def _sort(x, dim, descending, stable):
+    if isinstance(x, torch.Tensor) and x.dtype in _INTEGERS:
+        return _integer_sort(x, dim, descending, stable) if stable else NotImplemented
     if not _sortable(x):
         return NotImplemented
     indices = _sorted_indices(x, dim, descending, stable)

@@ -333,8 +333,23 @@ def direct_rewrites() -> dict:
     }
 
 
+def _whole_extreme(reduce):
+    """max() / min() of a whole tensor as amax / amin over every dimension,
+    uint8 and bool in int32: torch-mlir has no initial element for those
+    (the compiler crashed). (A rule that gives the op back, NotImplemented,
+    breaks this op's export.)"""
+    def decompose(x):
+        if x.dtype in (torch.uint8, torch.bool):
+            return reduce(x.to(torch.int32), list(range(x.dim()))).to(x.dtype)
+        return reduce(x, list(range(x.dim())))
+
+    return decompose
+
+
 def decompositions() -> dict:
     table = {
+        aten.max.default: _whole_extreme(torch.amax),
+        aten.min.default: _whole_extreme(torch.amin),
         aten._weight_norm_interface_backward.default: weight_norm_backward,
         aten.roll.default: roll,
         aten.fmax.default: _nan_aware(torch.maximum),
