@@ -649,3 +649,39 @@ def compiled_functional_collectives(rank, world, port, out_dir):
                 "inputs": ((x_dev.cpu(), wn.detach().cpu()), (x, w)), "stats": stats},
                os.path.join(out_dir, f"{rank}.pt"))
     dist.destroy_process_group()
+
+
+def fsdp2_float8(rank, world, port, out_dir, steps):
+    """TorchAO float8 training (tensorwise) under FSDP2, with the weights
+    all-gathered in float8 and, for comparison, in float32 (cast after the
+    gather); each rank trains on its half of every batch."""
+    _start(rank, world, port)
+    from torch.distributed.fsdp import fully_shard
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    found = {}
+    for float8_gather in (True, False):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64),
+                                    torch.nn.GELU(), torch.nn.Linear(64, 64))
+        config = Float8LinearConfig(enable_fsdp_float8_all_gather=float8_gather)
+        model = convert_to_float8_training(model, config=config).to("neuron")
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        for _ in range(steps):
+            x, y = torch.randn(32, 64, generator=g), torch.randn(32, 64, generator=g)
+            x, y = x.chunk(world)[rank], y.chunk(world)[rank]
+            loss = torch.nn.functional.mse_loss(model(x.to("neuron")), y.to("neuron"))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        found["float8" if float8_gather else "float32"] = {
+            "losses": losses, "weight type": type(model[0].weight.to_local()).__name__}
+    torch.save(found, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()

@@ -238,6 +238,19 @@ def test_fsdp2_with_a_bfloat16_mixed_precision_policy_trains_close_to_float32(tm
     _assert_matches(losses, single_process_losses["losses"], rel=2e-2)
 
 
+def test_fsdp2_all_gathers_float8_weights_as_torchao_trains_them(tmp_path):
+    """TorchAO's float8 training under FSDP2 with enable_fsdp_float8_all_gather:
+    the shards are cast to float8 before the all-gather (the weights are
+    TorchAO's float8 weight wrapper) and training follows the same model
+    gathered in float32 and cast after: the same global amax, so the same
+    casts."""
+    ranks = _spawn(workers.fsdp2_float8, tmp_path, 5)
+    for found in ranks:
+        assert found["float8"]["weight type"] == "WeightWithDynamicFloat8CastTensor", found
+        assert found["float32"]["weight type"] != "WeightWithDynamicFloat8CastTensor", found
+        _assert_matches(found["float8"]["losses"], found["float32"]["losses"], rel=1e-5)
+
+
 def test_compiled_fsdp2_matches_one_process(tmp_path, single_process_losses):
     ranks = _spawn(workers.compiled_fsdp2, tmp_path, STEPS)
     losses = _mean_over_ranks(ranks)

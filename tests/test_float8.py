@@ -7,7 +7,11 @@ float64 values at and around each float8 rounding boundary, special values and
 saturation included."""
 
 import io
+import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -295,7 +299,7 @@ def test_int_mm_equals_cpus(strict_compile):
 
 # -- TorchAO ---------------------------------------------------------------------------
 
-def _train_float8_mlp(device, recipe, steps=10):
+def _train_float8_mlp(device, recipe, steps=10, compiled=False):
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     torch.manual_seed(0)
@@ -304,11 +308,12 @@ def _train_float8_mlp(device, recipe, steps=10):
                                 torch.nn.GELU(), torch.nn.Linear(64, 64))
     model = convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    forward = torch.compile(model, backend="neuron") if compiled else model
     g = torch.Generator().manual_seed(1)
     losses = []
     for _ in range(steps):
         x, y = torch.randn(32, 64, generator=g), torch.randn(32, 64, generator=g)
-        loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+        loss = torch.nn.functional.mse_loss(forward(x.to(device)), y.to(device))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -379,3 +384,40 @@ def test_torchao_mx_formats_emulated_equal_cpus(element):
     assert type(neuron[0].weight).__name__ == "MXTensor"
     with torch.no_grad():
         torch.testing.assert_close(neuron(x.to("neuron")).cpu(), cpu(x), rtol=1.6e-2, atol=1e-2)
+
+
+_FLOAT8_RESTART = """
+import json, sys, torch, torchneuron
+sys.path.insert(0, {tests!r})
+from test_float8 import _train_float8_mlp
+runs = {{}}
+for mode in ("op", "adaptive", "compiled"):
+    with torchneuron.eager_mode("op" if mode == "compiled" else mode):
+        losses, _ = _train_float8_mlp("neuron", "tensorwise", steps=3, compiled=mode == "compiled")
+    torchneuron.wait_for_compiles()
+    runs[mode] = losses
+stats = torchneuron.compile_stats()
+print(json.dumps({{"losses": runs, "compiled": stats["sources"].get("compiled", 0),
+                  "graphs": stats.get("dynamo", {{}}).get("graphs_compiled", 0), "host": torchneuron.fallback_ops()}}))
+"""
+
+
+def test_float8_training_in_every_mode_and_a_restart_compiles_nothing(tmp_path):
+    """TorchAO float8 training (tensorwise) in op mode, adaptive eager and
+    under torch.compile: CPU's losses in each; a second process with the
+    same cache compiles nothing (every executable comes from disk)."""
+    cpu_losses, _ = _train_float8_mlp("cpu", "tensorwise", steps=3)
+    env = dict(os.environ, TORCHNEURON_CACHE_DIR=str(tmp_path / "cache"), TORCHNEURON_COMPILE_WAIT="1")
+    script = _FLOAT8_RESTART.format(tests=os.path.dirname(__file__))
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-4000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    for run in runs:
+        assert run["host"] == {}, run
+        for mode, losses in run["losses"].items():
+            for ours, theirs in zip(losses, cpu_losses):
+                assert abs(ours - theirs) <= 1e-4 * abs(theirs), (mode, losses, cpu_losses)
+    assert runs[0]["compiled"] > 0 and runs[0]["graphs"] >= 1
+    assert runs[1]["compiled"] == 0, runs[1]

@@ -114,3 +114,21 @@ def test_uint8_values_above_127_compute_as_cpu(name):
     for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
         assert g.dtype == w.dtype
         torch.testing.assert_close(g.cpu(), w, rtol=1e-6, atol=0)
+
+
+@pytest.mark.compile_wait
+def test_bools_sort_false_first(compiled_only):
+    """torch-mlir compared i1 as signed (True below False)."""
+    torch.manual_seed(0)
+    x = torch.randint(0, 2, (3, 50)).bool()
+    for descending in (False, True):
+        got = torch.sort(x.neuron(), 1, descending=descending)
+        assert torch.equal(got.values.cpu(), torch.sort(x, 1, descending=descending).values)
+        assert torch.equal(torch.argsort(x.neuron(), dim=1, stable=True).cpu(), torch.argsort(x, dim=1, stable=True))
+
+
+def test_topk_of_bools_raises_cpus_error():
+    with pytest.raises(RuntimeError, match="topk does not support bool"):
+        torch.topk(torch.ones(3, 5, dtype=torch.bool), 2, 1)
+    with pytest.raises(RuntimeError, match="topk does not support bool"):
+        torch.topk(torch.ones(3, 5, dtype=torch.bool).neuron(), 2, 1)

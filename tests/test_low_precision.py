@@ -260,3 +260,20 @@ def test_conformance_accepts_only_a_different_order_of_ties():
         assert conformance._with_ties_as_cpu(sort, sample, candidate, expected) is candidate
     stable = SampleInput(x, stable=True)
     assert conformance._with_ties_as_cpu(sort, stable, ties, expected) is ties
+
+
+def test_conformance_takes_any_index_of_an_equal_element_for_kthvalue_and_median():
+    """PyTorch documents which of equal elements kthvalue and median index as
+    device-specific; an index of another element with CPU's value passes,
+    one of an element with another value does not."""
+    x = torch.tensor([[2.0, 1.0, 2.0, 2.0, 0.0], [5.0, 3.0, 1.0, 3.0, 0.0]])
+    for name, sample, fn in (("kthvalue", SampleInput(x, 3, 1), lambda: torch.kthvalue(x, 3, 1)),
+                             ("median", SampleInput(x, 1), lambda: torch.median(x, 1))):
+        opinfo = next(o for o in conformance._op_db() if o.name == name)
+        expected = fn()
+        other = expected.indices.clone()
+        other[0] = next(i for i in (0, 2, 3) if i != other[0])  # another 2
+        candidate = type(expected)((expected.values, other))
+        assert conformance._with_ties_as_cpu(opinfo, sample, candidate, expected) is not candidate
+        wrong = type(expected)((expected.values, torch.tensor([1, expected.indices[1].item()])))
+        assert conformance._with_ties_as_cpu(opinfo, sample, wrong, expected) is wrong

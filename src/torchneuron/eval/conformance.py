@@ -141,11 +141,41 @@ def _not_compared_by_pytorch(opinfo, dtype) -> str:
 _TIES_UNORDERED = {"sort": 0, "argsort": 0, "topk": 1}
 
 
+# Reductions to one element of the row and its index: PyTorch documents the
+# index among equal values as device-specific (CPU's is where its quickselect
+# or nth_element stopped). op -> position of dim in the sample's args.
+_TIE_INDEX_UNSPECIFIED = {"kthvalue": 1, "median": 0}
+
+
+def _picked_tie_as_cpu(opinfo, sample, actual, expected):
+    """(values, indices) with CPU's indices where its own pick another element
+    equal to the same value; otherwise `actual`, unchanged."""
+    at = _TIE_INDEX_UNSPECIFIED[opinfo.name]
+    if not (isinstance(actual, (tuple, list)) and len(actual) == 2 and isinstance(expected, (tuple, list))):
+        return actual
+    (values, indices), (cpu_values, cpu_indices) = actual, expected
+    x = sample.input
+    if x.dim() == 0 or indices.shape != cpu_indices.shape or torch.equal(indices, cpu_indices):
+        return actual
+    dim = sample.args[at] if len(sample.args) > at else sample.kwargs.get("dim", -1)
+    dim = dim % x.dim()
+    kept = indices.dim() == x.dim()
+    if not bool(((indices >= 0) & (indices < x.shape[dim])).all()):
+        return actual
+    picked = x.gather(dim, indices if kept else indices.unsqueeze(dim))
+    picked = picked if kept else picked.squeeze(dim)
+    if not bool(((picked == cpu_values) | (picked.isnan() & cpu_values.isnan())).all()):
+        return actual
+    return type(actual)((values, cpu_indices))
+
+
 def _with_ties_as_cpu(opinfo, sample, actual, expected):
     """`actual` with CPU's indices where its own differ only in the order of
     equal values: its values (if returned) match CPU's, and its indices are
     distinct along the dimension and pick from the input the values CPU's
     pick. Otherwise `actual`, unchanged."""
+    if opinfo.name in _TIE_INDEX_UNSPECIFIED:
+        return _picked_tie_as_cpu(opinfo, sample, actual, expected)
     at = _TIES_UNORDERED.get(opinfo.name)
     if at is None or sample.kwargs.get("stable"):
         return actual

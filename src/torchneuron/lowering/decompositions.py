@@ -11,9 +11,9 @@ import torch
 from torch._decomp import core_aten_decompositions, decomposition_table as _all_decompositions
 
 from .rules import (amp, convolution_backward, convolution_products, depthwise_taps, double_evaluation, float8,
-                    float32_moments, float_division, hyperbolic, interpolation_backward, linalg, long_convolutions, long_scans,
-                    long_sums, nan_propagation, rnn_cells, softmax_rows, special, split_k, tensor_ops, trigonometry,
-                    unsigned_bytes)
+                    float32_moments, float_division, hyperbolic, interpolation_backward, linalg, long_convolutions,
+                    long_scans, long_sums, nan_propagation, order_statistics, rnn_cells, softmax_rows, special, split_k,
+                    tensor_ops, trigonometry, unsigned_bytes)
 
 _PER_TENSOR = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -358,7 +358,7 @@ def decomposition_table() -> dict:
     table.update(trigonometry.decompositions())
     table.update(hyperbolic.decompositions())
     table.update(double_evaluation.decompositions())
-    for module in (float_division, nan_propagation):  # (other calls keep PyTorch's decomposition, if any)
+    for module in (float_division, nan_propagation, order_statistics):  # (other calls keep PyTorch's decomposition, if any)
         for op, rule in module.decompositions().items():
             table[op] = _first_of(rule, table[op]) if op in table else rule
     table[torch.ops.aten.neg.default] = _negate_integers

@@ -8,7 +8,8 @@ products accumulated in 8 bits before they were widened to int64
 tensor bound compared signed. Casts from uint8 are right, so these ops take
 their uint8 operands widened to int32 (exact: every uint8 value is an int32
 value) and give back uint8 where CPU's result is uint8: truncating an int32
-result to 8 bits is CPU's own wrap-around for uint8 arithmetic.
+result to 8 bits is CPU's own wrap-around for uint8 arithmetic. bool
+operands likewise (torch-mlir's i1 compares signed: True sorted below False).
 """
 
 from __future__ import annotations
@@ -28,12 +29,16 @@ _SIGN_SENSITIVE = (
 )
 
 
+# (bool too: an i1 compares as signed, True below False)
+_UNSIGNED = (torch.uint8, torch.bool)
+
+
 def _has_uint8(values) -> bool:
-    return any(isinstance(v, torch.Tensor) and v.dtype == torch.uint8 for v in values)
+    return any(isinstance(v, torch.Tensor) and v.dtype in _UNSIGNED for v in values)
 
 
 def _widened(value):
-    if isinstance(value, torch.Tensor) and value.dtype == torch.uint8:
+    if isinstance(value, torch.Tensor) and value.dtype in _UNSIGNED:
         return value.to(torch.int32)
     return value
 
@@ -56,6 +61,9 @@ def in_int32(op, existing):
     def decompose(*args, **kwargs):
         if not _has_uint8((*args, *kwargs.values())):
             return existing(*args, **kwargs) if existing is not None else NotImplemented
+        if op is aten.topk.default and args[0].dtype == torch.bool:
+            # CPU refuses (its meta kernel does not): the host path gives CPU's error
+            raise NotImplementedError("topk does not support bool dtypes on CPU")
         wanted = _result_dtypes(op, args, kwargs)
         result = op(*[_widened(a) for a in args], **{k: _widened(v) for k, v in kwargs.items()})
         results = result if isinstance(result, (tuple, list)) else (result,)
