@@ -203,10 +203,11 @@ def main(argv=None) -> int:
     p = sub.add_parser("conformance", help="run PyTorch's OpInfo samples on neuron and CPU and compare")
     p.add_argument("--ops", nargs="*", help="OpInfo names (default: all)")
     p.add_argument("--ci", action="store_true", help="the fixed subset of ops models use most")
-    p.add_argument("--dtypes", nargs="*", default=["float32"], help="float32 bfloat16 float16 int64 bool complex64")
+    p.add_argument("--dtypes", nargs="*", default=["float32"], help="float32 bfloat16 float16 int64 int32 int16 int8 uint8 bool complex64 "
+                   "float8_e4m3fn float8_e5m2")
     p.add_argument("--max-samples", type=int, default=3)
-    p.add_argument("--json", default="docs/conformance.json")
-    p.add_argument("--markdown", default="docs/conformance.md")
+    p.add_argument("--json", default="docs/conformance.json", help="(the committed report: give another path for a partial run)")
+    p.add_argument("--markdown", default="docs/conformance.md", help="(likewise)")
     p.add_argument("--resume", action="store_true", help="keep results already in the JSON report")
     p.add_argument("--strict", action="store_true", help="exit 1 when any op fails")
     p.add_argument("--driver", default=None,
