@@ -206,7 +206,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", nargs="*", default=["float32"], help="float32 bfloat16 float16 int64 int32 int16 int8 uint8 bool complex64 "
                    "float8_e4m3fn float8_e5m2")
     p.add_argument("--max-samples", type=int, default=3)
-    p.add_argument("--json", default="docs/conformance.json", help="(the committed report: give another path for a partial run)")
+    p.add_argument("--json", default="docs/conformance.json",
+                   help="(the committed report: give another path for a partial run)")
     p.add_argument("--markdown", default="docs/conformance.md", help="(likewise)")
     p.add_argument("--resume", action="store_true", help="keep results already in the JSON report")
     p.add_argument("--strict", action="store_true", help="exit 1 when any op fails")
