@@ -171,6 +171,7 @@ def test_convolution_backward_overrideable_runs_as_convolution_backward():
 
 
 
+@pytest.mark.op_mode  # (adaptive eager builds graphs, not ops, in the background)
 def test_a_build_refused_in_the_background_is_reported_when_it_lands():
     """With compiles not waited for, the call runs on the host while its op
     builds; a build the compiler refuses is in compile_stats() once it has
