@@ -141,6 +141,14 @@ def redis_server(tmp_path):
     proc.wait()
 
 
+@pytest.fixture
+def compiled_only():
+    """Every op of the test compiles: none reaches the host path."""
+    torchneuron.reset_stats()
+    yield
+    assert torchneuron.fallback_ops() == {}, torchneuron.compile_stats()["not_compiled"]
+
+
 def assert_same(neuron_value, cpu_value, **tol):
     """A neuron result equals the CPU result (values, dtype, shape)."""
     assert isinstance(neuron_value, torch.Tensor)

@@ -6,16 +6,8 @@ import math
 import pytest
 import torch
 
-import torchneuron
 
 NAN = math.nan
-
-
-@pytest.fixture
-def compiled_only():
-    torchneuron.reset_stats()
-    yield
-    assert torchneuron.fallback_ops() == {}, torchneuron.compile_stats()["not_compiled"]
 
 
 def _same(fn, x):
