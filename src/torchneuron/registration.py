@@ -89,8 +89,10 @@ def register() -> None:
 
 def _register_surfaces() -> None:
     from . import distributed, dynamo
+    from .libraries import lightning
 
     distributed.register()  # the c10d backend
     if config.settings.profiler:
         from . import profiler  # noqa: F401 - torch.profiler's device events
     dynamo.register()  # torch.compile(backend="neuron")
+    lightning.register_when_imported()  # Trainer(accelerator="neuron"), when Lightning is imported

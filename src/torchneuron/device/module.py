@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import torch
 
 from .. import _C
@@ -207,12 +209,29 @@ def get_device_name(device=None) -> str:
     return f"neuron (IREE {config.settings.driver}: {names[device_index(device) % len(names)]})"
 
 
-def get_device_properties(device=None):
-    """Name, driver, index and memory model ("unified": host memory;
+class DeviceProperties(typing.NamedTuple):
+    """What torch.cuda.get_device_properties gives that applies here: the
+    device's name and total memory (libraries size batches and device maps
+    from it), and its driver, index and memory model ("unified": host memory;
     "discrete": memory of its own, reached through transfers)."""
+
+    name: str
+    total_memory: int
+    driver: str
+    index: int
+    memory_model: str
+
+
+def get_device_properties(device=None) -> DeviceProperties:
     from .. import config
     from ..hal import devices
 
     index = device_index(device)
-    return {"name": get_device_name(index), "driver": config.settings.driver, "index": index,
-            "memory_model": devices.memory_model_in_use()}
+    return DeviceProperties(get_device_name(index), mem_get_info(index)[1], config.settings.driver, index,
+                            devices.memory_model_in_use())
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """bfloat16 runs on every neuron target (Transformers' `bf16=True` and
+    Accelerate's mixed precision ask this, as of torch.cuda)."""
+    return True
