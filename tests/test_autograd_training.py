@@ -74,6 +74,33 @@ def test_optimizers_match_cpu(name):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.compile_wait
+@pytest.mark.parametrize("options", [dict(), dict(amsgrad=True, weight_decay=0.1), dict(maximize=True)],
+                         ids=["plain", "amsgrad-decay", "maximize"])
+@pytest.mark.parametrize("adam", [torch.optim.Adam, torch.optim.AdamW], ids=["adam", "adamw"])
+def test_fused_adam_compiles_and_matches_cpus_fused_kernel(adam, options, compiled_only):
+    """fused=True (Transformers' Trainer's default AdamW): the fused update
+    runs as the device's multi-tensor ops, every one compiled, with CPU's
+    fused kernel's results; under a GradScaler the scale divides the
+    gradients and a step with an inf gradient changes nothing."""
+    results = []
+    for device in ("cpu", "neuron"):
+        torch.manual_seed(0)
+        model = _mlp().to(device)
+        optimizer = adam(model.parameters(), lr=1e-2, fused=True, **options)
+        scaler = torch.amp.GradScaler(device, init_scale=2.0**4)
+        for step in range(4):
+            loss = model(torch.randn(8, 6).to(device)).square().mean()
+            scaler.scale(loss * (float("inf") if step == 2 else 1.0)).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+        results.append([p.detach().cpu() for p in model.parameters()] +
+                       [v.cpu() for state in optimizer.state.values() for v in state.values()])
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_default_optimizer_uses_multi_tensor_path():
     import torchneuron
 

@@ -123,3 +123,17 @@ def test_topk_of_bools_raises_cpus_error():
         torch.topk(torch.ones(3, 5, dtype=torch.bool), 2, 1)
     with pytest.raises(RuntimeError, match="topk does not support bool"):
         torch.topk(torch.ones(3, 5, dtype=torch.bool).neuron(), 2, 1)
+
+
+@pytest.mark.compile_wait
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.float32], ids=str)
+def test_constant_padding_compiles_for_every_dtype_and_value(dtype, compiled_only):
+    """Hugging Face pads every causal LM's labels with -100 (F.pad of int64):
+    IREE could not convert a runtime pad value to an integer type, so the
+    pad value is a constant of the executable; a new value compiles anew."""
+    x = _integers(dtype, (4, 6)) if dtype != torch.float32 else torch.randn(4, 6)
+    for value in (-100 if dtype != torch.uint8 else 200, 7, 2.5 if dtype == torch.float32 else 3):
+        pad = (0, 1, 2, 0)
+        got = torch.nn.functional.pad(x.neuron(), pad, value=value)
+        want = torch.nn.functional.pad(x, pad, value=value)
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want)

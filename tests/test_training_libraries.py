@@ -94,10 +94,11 @@ def _train(output_dir, use_cpu: bool, max_steps: int, resume: bool = False) -> t
     return device, [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
 
-def test_trainer_trains_a_tiny_llama_on_neuron_as_on_cpu_and_resumes_from_its_checkpoint(fresh_state, tmp_path):
+def test_trainer_trains_a_tiny_llama_on_neuron_as_on_cpu_and_resumes_from_its_checkpoint(fresh_state, tmp_path,
+                                                                                       compiled_only):
     """10 steps on neuron with nothing set by hand equal CPU's (use_cpu=True)
-    within 1e-4; a Trainer stopped after the checkpoint at step 5 resumes
-    from it and its last 5 losses equal the uninterrupted run's."""
+    within 1e-4, every op compiled; a Trainer stopped after the checkpoint at
+    step 5 resumes from it and its last 5 losses equal the uninterrupted run's."""
     cpu_device, cpu_losses = _train(tmp_path / "cpu", use_cpu=True, max_steps=10)
     assert cpu_device.type == "cpu" and len(cpu_losses) == 10
     device, losses = _train(tmp_path / "neuron", use_cpu=False, max_steps=10)
@@ -107,6 +108,36 @@ def test_trainer_trains_a_tiny_llama_on_neuron_as_on_cpu_and_resumes_from_its_ch
     _, resumed = _train(tmp_path / "neuron", use_cpu=False, max_steps=10, resume=True)
     # The resumed run logs steps 6 to 10 (its history holds the first 5 from the checkpoint's state).
     torch.testing.assert_close(torch.tensor(resumed[-5:]), torch.tensor(losses[5:]), rtol=1e-5, atol=0)
+
+
+def test_peft_lora_fine_tunes_and_merges_as_on_cpu(compiled_only):
+    """LoRA on a tiny Llama's attention (PEFT): 5 AdamW steps give CPU's
+    losses, and the merged weights equal CPU's."""
+    pytest.importorskip("peft", reason="make test installs PEFT")
+    from peft import LoraConfig, get_peft_model
+
+    def fine_tune(device):
+        torch.manual_seed(1)
+        config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights="gaussian")
+        model = get_peft_model(_tiny_llama(), config).to(device)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        generator = torch.Generator().manual_seed(2)
+        losses = []
+        for _ in range(5):
+            ids = torch.randint(0, 128, (4, 16), generator=generator).to(device)
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        return losses, {name: w.cpu() for name, w in model.merge_and_unload().state_dict().items()}
+
+    cpu_losses, cpu_weights = fine_tune("cpu")
+    losses, weights = fine_tune("neuron")
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(cpu_losses), rtol=1e-5, atol=0)
+    assert weights.keys() == cpu_weights.keys() and not any("lora" in name for name in weights)
+    for name, w in weights.items():
+        torch.testing.assert_close(w, cpu_weights[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
 def _lightning_fit(namespace: str, accelerator: str, precision: str = "32-true") -> tuple:

@@ -23,7 +23,7 @@ import torch
 from .. import _C, config, runtime, trace
 from ..runtime import transfers
 from ..lowering import NotCompilable, WritesSharedMemory
-from . import cached_launch, eager, host_fallback, math_bits, shape_recording, stats, warm_start
+from . import cached_launch, eager, fused_optimizers, host_fallback, math_bits, shape_recording, stats, warm_start
 from .op_info import METADATA_OPS, op_info
 
 _NEURON = "neuron"
@@ -330,6 +330,7 @@ _REWRITES = {
     "aten.convolution_overrideable.default": _convolution_overrideable,
     "aten.equal.default": _equal,
     "aten.convolution_backward_overrideable.default": _convolution_backward_overrideable,
+    **fused_optimizers.REWRITES,  # Adam(fused=True), AdamW(fused=True): the device's foreach ops
 }
 
 

@@ -105,8 +105,12 @@ def graph_param_arg_names(op) -> frozenset:
 _graph_names_cache: dict = {}
 _param_names_cache: dict = {}
 # Ops whose scalars must be constants: their decompositions need the values,
-# or (pow) the lowering of a runtime exponent is not exact.
-baked_ops: set = {"aten.pow.Tensor_Scalar", "aten.pow_.Scalar", "aten.pow.Scalar", "aten.float_power.Tensor_Scalar"}
+# or (pow) the lowering of a runtime exponent is not exact, or (constant_pad_nd)
+# IREE 3.13 cannot convert a runtime pad value to an integer tensor's type
+# ("failed to legalize 'arith.fptosi' (f64) -> i64": Hugging Face pads every
+# causal LM's labels with -100). Pad values rarely change.
+baked_ops: set = {"aten.pow.Tensor_Scalar", "aten.pow_.Scalar", "aten.pow.Scalar", "aten.float_power.Tensor_Scalar",
+                  "aten.constant_pad_nd.default"}
 
 
 def tensor_spec(t: torch.Tensor) -> TensorSpec:
