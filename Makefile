@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.torchneuron-installed
 
-.PHONY: setup demo test test-vulkan bench clean vulkan-driver vllm
+.PHONY: setup demo test test-full test-vulkan bench clean vulkan-driver vllm
 
 setup: $(STAMP)
 
@@ -51,7 +51,11 @@ ADAPTIVE_TESTS := tests/test_views.py tests/test_copies.py tests/test_dispatch.p
 
 # Two pytest workers (pytest-xdist), a test file each at a time: one worker
 # leaves a core idle while it waits on a compiler or a child process.
-PYTEST := $(PY) -m pytest -n 2 --dist loadfile
+# Files in the order tests/conftest.py gives (slowest first), not xdist's by
+# number of tests. CI leaves out the tests marked `thorough` (slow ones whose
+# ground other tests cover); `make test-full` runs every test in every run.
+PYTEST := $(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+SUBSET ?= -m "not thorough"
 
 # The device, copy, view, autograd, training, dtype, error, memory, index
 # bound and stream tests, and the conformance subset, again under the
@@ -83,11 +87,14 @@ VULKAN_ALL := $(VULKAN_TESTS) tests/test_dtypes.py tests/test_streams.py tests/t
 # cold, 2:28 warm). Each run still starts with no executable in memory.
 test: setup vllm vulkan-driver
 	cache=$$(mktemp -d -t torchneuron-test-cache-XXXXXX) && export TORCHNEURON_TEST_CACHE_DIR=$$cache && \
-	$(PYTEST) tests && \
-	TORCHNEURON_EAGER_MODE=adaptive $(PYTEST) $(ADAPTIVE_TESTS) && \
-	TORCHNEURON_MEMORY=discrete $(PYTEST) $(DISCRETE_TESTS) && \
-	TORCHNEURON_DRIVER=vulkan $(PYTEST) $(VULKAN_TESTS) $(VULKAN_SKIPS); \
+	$(PYTEST) $(SUBSET) tests && \
+	TORCHNEURON_EAGER_MODE=adaptive $(PYTEST) $(SUBSET) $(ADAPTIVE_TESTS) && \
+	TORCHNEURON_MEMORY=discrete $(PYTEST) $(SUBSET) $(DISCRETE_TESTS) && \
+	TORCHNEURON_DRIVER=vulkan $(PYTEST) $(SUBSET) $(VULKAN_TESTS) $(VULKAN_SKIPS); \
 	status=$$?; rm -rf $$cache; exit $$status
+
+test-full:
+	$(MAKE) test SUBSET=
 
 test-vulkan: setup vulkan-driver
 	TORCHNEURON_DRIVER=vulkan $(PYTEST) $(VULKAN_ALL)

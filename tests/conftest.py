@@ -46,6 +46,10 @@ def pytest_configure(config):
         "they wait for compiles in either eager mode"
     )
     config.addinivalue_line(
+        "markers", "thorough: slow tests of what other tests in CI's run also cover; `make test` (CI) leaves "
+        "them out, `make test-full` runs them"
+    )
+    config.addinivalue_line(
         "markers", "unified_memory: tests of the unified model's zero-copy host aliases of device memory; "
         "not run when the suite runs under the discrete model (TORCHNEURON_MEMORY=discrete), which has none"
     )
@@ -156,10 +160,16 @@ def assert_same(neuron_value, cpu_value, **tol):
     torch.testing.assert_close(neuron_value.cpu(), cpu_value, **tol)
 
 
-# The slowest file first: --dist loadfile gives it one worker from the start
-# while the other takes the rest, instead of leaving it alone at the end.
-_FIRST = ("test_vllm.py",)
+# The slowest files first, slowest first (worker-seconds of a cold run, 2026-12-07: distributed
+# 1115, vllm 720, kernel_library 715, autocast 514, float8 482, training_libraries ~330,
+# memory_ownership 389, targets 331): with --dist loadfile and --no-loadscope-reorder (the
+# Makefile's; xdist otherwise orders files by their number of tests, which put test_vllm.py
+# last, alone on one worker for minutes) each starts while the other worker takes the rest.
+_FIRST = ("test_distributed.py", "test_vllm.py", "test_kernel_library.py", "test_autocast.py", "test_float8.py",
+          "test_memory_ownership.py", "test_training_libraries.py", "test_targets.py", "test_function_accuracy.py",
+          "test_adaptive.py", "test_eval_registry.py", "test_census.py", "test_complex.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=lambda item: item.path.name not in _FIRST)  # stable: the rest keep their order
+    rank = {name: i for i, name in enumerate(_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(_FIRST)))  # stable: the rest keep their order

@@ -221,6 +221,7 @@ def test_gpt_trains_in_bfloat16_with_grad_scaler_as_cpu_does(cpu_float32_losses)
             assert abs(got - fp32) <= 0.02 * abs(fp32), f"step {step}: {got} vs CPU float32 {fp32}"
 
 
+@pytest.mark.thorough  # (170 s of compiles; the bfloat16 run above trains the same GPT with a scaler in CI)
 @pytest.mark.compile_wait  # compiled numerics; the host tier of a first meeting rounds as CPU
 def test_gpt_trains_in_float16_with_grad_scaler(cpu_float32_losses):
     losses = train_gpt("neuron", STEPS, cfg=CFG, autocast=torch.float16, grad_scaler=True)

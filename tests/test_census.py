@@ -43,13 +43,13 @@ def test_unbuildable_models_are_counted_with_a_reason_and_hangs_time_out(tmp_pat
 
 
 def test_representative_stage_runs_models_compiled_against_cpu(tmp_path, monkeypatch):
-    """What CI runs: the five quickest models of the committed representative set, forward and
+    """What CI runs: the three quickest models of the committed representative set, forward and
     backward, compiled, against CPU, under guarded memory (no op writes outside its
     memory), several models one after another in each worker process."""
     monkeypatch.setenv("TORCHNEURON_CHECK_MEMORY", "1")
     with open(census_report.REPRESENTATIVE) as f:
-        chosen = json.load(f)["ci_models"]
-    assert len(chosen) >= 5
+        chosen = json.load(f)["ci_models"][:3]
+    assert len(chosen) == 3
 
     class Args:
         stage = ["representative"]
@@ -57,7 +57,7 @@ def test_representative_stage_runs_models_compiled_against_cpu(tmp_path, monkeyp
         models = chosen
         limit = None
         jobs = 2
-        models_per_process = 3
+        models_per_process = 2
         timeout = 900
         results = str(tmp_path / "rep.jsonl")
         fresh = True
@@ -74,7 +74,7 @@ def test_representative_stage_runs_models_compiled_against_cpu(tmp_path, monkeyp
     for r in results.values():
         assert r["status"] == "ran" and census_report.model_passes(r, "compile"), r
         assert r["check_memory"] is True
-    assert max(len(r.get("models_in_process", [r["model"]])) for r in results.values()) == 3
+    assert max(len(r.get("models_in_process", [r["model"]])) for r in results.values()) == 2
 
 
 def test_representative_selection_is_a_greedy_cover_of_features_and_ops():

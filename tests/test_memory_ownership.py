@@ -189,7 +189,8 @@ def test_scalar_overloads_take_python_numbers(fn):
     assert got.dtype == fn(x).dtype
 
 
-@pytest.mark.parametrize("cls", [torch.nn.LSTM, torch.nn.GRU, torch.nn.LSTMCell, torch.nn.GRUCell])
+@pytest.mark.parametrize("cls", [torch.nn.LSTM, pytest.param(torch.nn.GRU, marks=pytest.mark.thorough),
+                                 torch.nn.LSTMCell, torch.nn.GRUCell])
 def test_recurrent_layers_train_as_on_cpu(cls):
     """nn.LSTM and nn.GRU reach the fused cells PyTorch sends accelerators
     (CPU has no kernel for them): forward and every gradient match CPU."""
