@@ -29,7 +29,7 @@ LAYERS = (
     ("dispatch",),  # the one entry point, op mode, the host path, shape recording
     ("adaptive", "dynamo", "kernel"),  # the modes over dispatch's entry point
     ("kernels",),  # the kernel library
-    ("device", "profiler", "distributed", "service", "models"),  # surfaces
+    ("device", "profiler", "distributed", "service", "models", "libraries"),  # surfaces
     ("registration",),  # the composition root: registers the device, wires the layers
     ("torchneuron",),  # the public API
     ("demo", "eval", "vllm"),  # programs over the public API: the demo, the evaluation system, vLLM's platform
