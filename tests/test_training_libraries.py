@@ -185,3 +185,14 @@ def test_lightning_trainer_fits_on_neuron_by_name_as_on_cpu(namespace):
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(cpu_losses), rtol=1e-5, atol=0)
     _, seen, trainer = _lightning_fit(namespace, "neuron", precision="bf16-mixed")
     assert trainer.precision_plugin.device == "neuron" and seen == {("neuron", torch.bfloat16)}
+
+
+def test_lightning_asking_for_more_neuron_devices_than_there_are_names_the_setting():
+    L = pytest.importorskip("lightning.pytorch", reason="make test installs Lightning")
+    from torchneuron.libraries.lightning import accelerator_class
+
+    count = torch.neuron.device_count()
+    with pytest.raises(ValueError, match=f"there are {count} .*TORCHNEURON_DEVICE_COUNT"):
+        L.Trainer(accelerator="neuron", devices=count + 1, logger=False)
+    with pytest.raises(ValueError, match="was given the device cpu"):
+        accelerator_class("lightning.pytorch")().setup_device(torch.device("cpu"))
